@@ -1,0 +1,126 @@
+// corrected_matmul on the CPU: emulates the tensor-core kernels' arithmetic step by step, so that the
+// numerics of each method are tested without a GPU and serve as the reference for the CUDA kernels.
+//
+// Per output element and per k-step (16 for fp16, 8 for tf32):
+//   main += fp32( sum_k hiA*hiB )              (exact products, fp32 sum; added outside the tensor core)
+//   corr += fp32( sum_k loA*hiB ); corr += fp32( sum_k hiA*loB )   (chained in their own accumulator)
+// result = main + corr * lo_unscale, then the power-of-two row/column scaling (fp16) is undone.
+// A non-finite main sum is returned as it is (an Inf times a residual must not turn into NaN).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <vector>
+
+#include "corrected_matmul_scheme.hpp"
+#include "matmul_plan.hpp"
+
+namespace wmmae_ops {
+namespace {
+
+struct HostHalfRounding {
+  static c10::Half to_half(float v) { return c10::Half(v); }
+  static float to_float(c10::Half h) { return static_cast<float>(h); }
+};
+
+// hi/lo parts of one operand, K contiguous per row (A) or per column (B), for both splits.
+struct SplitOperand {
+  std::int64_t rows, k;
+  std::vector<float> fp16_hi, fp16_lo, tf32_hi, tf32_lo;
+  std::vector<int> shift;        // fp16 power-of-two scaling exponent per row
+  std::vector<char> fp16_ok;     // row is accurate in the fp16 split
+};
+
+// `mat` is [rows, k] (A as is, B transposed): any strides.
+SplitOperand split_operand(const at::Tensor& mat) {
+  SplitOperand s;
+  s.rows = mat.size(0);
+  s.k = mat.size(1);
+  const std::size_t total = static_cast<std::size_t>(s.rows * s.k);
+  s.fp16_hi.resize(total);
+  s.fp16_lo.resize(total);
+  s.tf32_hi.resize(total);
+  s.tf32_lo.resize(total);
+  s.shift.resize(s.rows);
+  s.fp16_ok.resize(s.rows);
+  const auto acc = mat.accessor<float, 2>();
+  at::parallel_for(0, s.rows, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      ExponentRange range = empty_exponent_range();
+      for (std::int64_t k = 0; k < s.k; ++k) include_value(range, acc[r][k]);
+      const int shift = fp16_shift(range);
+      s.shift[r] = shift;
+      s.fp16_ok[r] = fp16_safe(range);
+      for (std::int64_t k = 0; k < s.k; ++k) {
+        const float v = acc[r][k];
+        const std::size_t i = static_cast<std::size_t>(r * s.k + k);
+        c10::Half hi, lo;
+        wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, shift), hi, lo);
+        s.fp16_hi[i] = static_cast<float>(hi);
+        s.fp16_lo[i] = static_cast<float>(lo);
+        const wmmae::Tf32Split t = wmmae::split_tf32(v);
+        s.tf32_hi[i] = t.hi;
+        s.tf32_lo[i] = t.lo;
+      }
+    }
+  });
+  return s;
+}
+
+float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, std::int64_t k,
+                    int k_step, float lo_unscale) {
+  float main = 0.0f, corr = 0.0f;
+  for (std::int64_t k0 = 0; k0 < k; k0 += k_step) {
+    const std::int64_t k1 = std::min<std::int64_t>(k, k0 + k_step);
+    float hh = 0.0f, lh = 0.0f, hl = 0.0f;
+    for (std::int64_t i = k0; i < k1; ++i) hh += a_hi[i] * b_hi[i];
+    for (std::int64_t i = k0; i < k1; ++i) lh += a_lo[i] * b_hi[i];
+    for (std::int64_t i = k0; i < k1; ++i) hl += a_hi[i] * b_lo[i];
+    main += hh;
+    corr += lh;
+    corr += hl;
+  }
+  return std::isfinite(main) ? main + corr * lo_unscale : main;
+}
+
+void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, Method method) {
+  const SplitOperand sa = split_operand(a);
+  const SplitOperand sb = split_operand(b.t());
+  const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
+  at::parallel_for(0, m, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const bool use_fp16 = method == Method::fp16 || (method == Method::automatic && sa.fp16_ok[i] && sb.fp16_ok[j]);
+        const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
+        float v;
+        if (use_fp16) {
+          v = corrected_dot(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k, kFp16KStep,
+                            wmmae::kFp16ResidualUnscale);
+          v = std::ldexp(v, -(sa.shift[i] + sb.shift[j]));
+        } else {
+          v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep, 1.0f);
+        }
+        out[i * n + j] = v;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor corrected_matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view method_name) {
+  const Method method = method_from_string(std::string(method_name));
+  const MatmulPlan plan = plan_matmul(a, b, "corrected_matmul");
+  at::Tensor out = at::empty({plan.batch, plan.m, plan.n}, a.options());
+  if (out.numel() > 0) {
+    const at::Tensor a3 = plan.a.reshape({plan.batch, plan.m, plan.k});
+    const at::Tensor b3 = plan.b.reshape({plan.batch, plan.k, plan.n});
+    for (std::int64_t z = 0; z < plan.batch; ++z) {
+      corrected_matmul_2d(a3[z], b3[z], out.data_ptr<float>() + z * plan.m * plan.n, method);
+    }
+  }
+  return out.view(plan.out_shape);
+}
+
+}  // namespace wmmae_ops

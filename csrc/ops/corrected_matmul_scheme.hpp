@@ -1,0 +1,67 @@
+// The numerical scheme of corrected_matmul, shared by the CPU reference and the CUDA kernels:
+// method names, the k-step of each split, and the power-of-two scaling that keeps the fp16 split accurate.
+#pragma once
+
+#include <string>
+
+#include "../wmmae/split.hpp"
+
+namespace wmmae_ops {
+
+enum class Method : int { fp16 = 0, tf32 = 1, automatic = 2 };
+
+// Throws (through TORCH_CHECK in the caller's translation unit) on unknown names; see method_from_string.
+Method method_from_string(const std::string& name);
+
+// Elements per tensor-core k-step: the hi*hi partial product of one k-step is added to the fp32 result
+// outside the tensor core, the corrections are chained inside their own accumulator.
+constexpr int kFp16KStep = 16;
+constexpr int kTf32KStep = 8;
+
+// Exponent summary of one row of A or one column of B: floor(log2|v|) over its finite non-zero elements.
+struct ExponentRange {
+  int max_exp;     // kNoExponent when the row has no finite non-zero element
+  int min_exp;
+  bool nonfinite;  // the row holds an Inf or a NaN
+};
+constexpr int kNoExponent = -1000;
+
+WMMAE_HD inline ExponentRange empty_exponent_range() { return ExponentRange{kNoExponent, -kNoExponent, false}; }
+
+WMMAE_HD inline void include_value(ExponentRange& r, float v) {
+  const std::uint32_t u = wmmae::float_bits(v);
+  if (!wmmae::is_finite_bits(u)) {
+    r.nonfinite = true;
+  } else if ((u & 0x7fffffffu) != 0) {
+    const int e = wmmae::float_exponent(v);
+    r.max_exp = e > r.max_exp ? e : r.max_exp;
+    r.min_exp = e < r.min_exp ? e : r.min_exp;
+  }
+}
+
+// Scaling a row by 2^(kFp16TargetExp - max_exp) puts its largest magnitude in [2^14, 2^15): far enough
+// below fp16's maximum (65504) that neither the high part nor the products (< 2^30) overflow.
+constexpr int kFp16TargetExp = 14;
+// The fp16 split keeps about 22 significant bits (11 in hi, 11 in the scaled residual) while the element
+// stays >= 2^-9 after scaling, where both parts are normal fp16 numbers. A row whose exponents span more
+// than this loses precision in its smallest elements: "auto" sends such rows to the tf32 split.
+constexpr int kFp16MaxExponentSpan = 23;
+// 2^shift must be a normal float: rows whose largest magnitude is below 2^-113 are not fp16-safe.
+constexpr int kMaxShift = 127;
+
+// Power-of-two exponent a row is multiplied by before the fp16 split (0 for rows without a finite
+// non-zero element). Clamped so that 2^shift stays a normal float.
+WMMAE_HD inline int fp16_shift(ExponentRange r) {
+  if (r.max_exp == kNoExponent) return 0;
+  const int s = kFp16TargetExp - r.max_exp;
+  return s > kMaxShift ? kMaxShift : s;
+}
+
+// True when the fp16 split represents every element of the row to about 2^-22 relative accuracy.
+WMMAE_HD inline bool fp16_safe(ExponentRange r) {
+  if (r.nonfinite) return false;
+  if (r.max_exp == kNoExponent) return true;
+  return kFp16TargetExp - r.max_exp <= kMaxShift && r.max_exp - r.min_exp <= kFp16MaxExponentSpan;
+}
+
+}  // namespace wmmae_ops

@@ -1,0 +1,142 @@
+#include "fragment_map.hpp"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <sstream>
+
+namespace wmmae_ops {
+namespace {
+
+using wmmae::Elem;
+using wmmae::Order;
+using wmmae::Use;
+
+const char* use_name(Use u) {
+  switch (u) {
+    case Use::matrix_a: return "matrix_a";
+    case Use::matrix_b: return "matrix_b";
+    default: return "accumulator";
+  }
+}
+
+const char* elem_name(Elem e) {
+  static const char* names[] = {"half", "bf16", "tf32", "float", "double", "int8", "uint8", "int32"};
+  return names[static_cast<int>(e)];
+}
+
+Use parse_use(c10::string_view s) {
+  if (s == "matrix_a") return Use::matrix_a;
+  if (s == "matrix_b") return Use::matrix_b;
+  if (s == "accumulator") return Use::accumulator;
+  TORCH_CHECK(false, "fragment_map: argument 'use' must be 'matrix_a', 'matrix_b' or 'accumulator', got '", s, "'");
+}
+
+Elem parse_elem(c10::string_view s) {
+  for (int e = 0; e <= static_cast<int>(Elem::s32); ++e) {
+    if (s == elem_name(static_cast<Elem>(e))) return static_cast<Elem>(e);
+  }
+  TORCH_CHECK(false, "fragment_map: argument 'dtype' must be one of 'half', 'bf16', 'tf32', 'float', 'double', "
+              "'int8', 'uint8', 'int32', got '", s, "'");
+}
+
+at::Tensor table_from(int num_elements, const std::function<wmmae::RowCol(int, int)>& at_fn) {
+  at::Tensor out = at::empty({32, num_elements, 2}, at::TensorOptions().dtype(at::kInt));
+  auto acc = out.accessor<int, 3>();
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int x = 0; x < num_elements; ++x) {
+      const wmmae::RowCol rc = at_fn(lane, x);
+      acc[lane][x][0] = rc.row;
+      acc[lane][x][1] = rc.col;
+    }
+  }
+  return out;
+}
+
+at::Tensor analytic_table(const FragmentSpec& spec, std::int64_t arch) {
+  if (arch == 70) {
+    const bool known = spec.m == 16 && spec.n == 16 && spec.k == 16 &&
+                       (spec.use == Use::accumulator ? (spec.elem == Elem::f32 || spec.elem == Elem::half)
+                                                     : spec.elem == Elem::half);
+    TORCH_CHECK(known, "fragment_map: no analytic sm_70 table for ", spec.describe(),
+                " (only m16n16k16 half operands with float or half accumulators); measure it on a GPU with "
+                "fragment_map(..., device='cuda')");
+    return table_from(wmmae::sm70_num_elements(spec.use, spec.elem), [&](int lane, int x) {
+      return wmmae::sm70_at(spec.use, spec.order, spec.elem, lane, x);
+    });
+  }
+  const wmmae::CoreLayout layout =
+      arch == 75 ? wmmae::sm75_layout(spec.use, spec.m, spec.n, spec.k, spec.elem) : require_sm80_layout(spec);
+  TORCH_CHECK(layout.num_elements > 0, "fragment_map: no analytic sm_75 table for ", spec.describe(),
+              " (only the m16n16k16 half fragments); measure it on a GPU with fragment_map(..., device='cuda')");
+  return table_from(layout.num_elements, [&](int lane, int x) { return layout.at(lane, x); });
+}
+
+// fragment_map has no tensor argument: like a factory function, this kernel picks the backend from
+// `device` (CPU when absent, the analytic tables) and re-dispatches.
+at::Tensor fragment_map_backend_select(c10::string_view use, std::int64_t m, std::int64_t n, std::int64_t k,
+                                       c10::string_view dtype, std::optional<c10::string_view> layout,
+                                       std::optional<std::int64_t> arch, std::optional<at::Device> device) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("wmmae::fragment_map", "")
+                             .typed<decltype(fragment_map_cpu)>();
+  const c10::DeviceType type = device.has_value() ? device->type() : c10::DeviceType::CPU;
+  TORCH_CHECK(type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA,
+              "fragment_map: argument 'device' must be a CPU or CUDA device, got ", *device);
+  const c10::DispatchKey key = type == c10::DeviceType::CUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  TORCH_CHECK(key != c10::DispatchKey::CUDA || op.hasKernelForDispatchKey(key),
+              "fragment_map: this build of torch_wmmae has no CUDA kernels (it was built without nvcc or without a "
+              "CUDA-enabled torch)");
+  return op.redispatch(c10::DispatchKeySet(key), use, m, n, k, dtype, layout, arch, device);
+}
+
+}  // namespace
+
+std::string FragmentSpec::describe() const {
+  std::ostringstream s;
+  s << use_name(use) << " m" << m << "n" << n << "k" << k << " " << elem_name(elem);
+  if (order != Order::none) s << (order == Order::row_major ? " row_major" : " col_major");
+  return s.str();
+}
+
+FragmentSpec parse_fragment_spec(c10::string_view use, std::int64_t m, std::int64_t n, std::int64_t k,
+                                 c10::string_view dtype, std::optional<c10::string_view> layout) {
+  FragmentSpec spec{parse_use(use), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), parse_elem(dtype),
+                    Order::none};
+  TORCH_CHECK(m > 0 && n > 0 && k > 0 && m <= 64 && n <= 64 && k <= 64, "fragment_map: m, n, k must be WMMA tile ",
+              "sizes (such as 16, 16, 16), got m=", m, " n=", n, " k=", k);
+  if (spec.use == Use::accumulator) {
+    TORCH_CHECK(!layout.has_value(), "fragment_map: accumulator fragments have no layout; pass layout=None, got '",
+                *layout, "'");
+  } else {
+    TORCH_CHECK(layout.has_value(), "fragment_map: argument 'layout' ('row_major' or 'col_major') is required for ",
+                use_name(spec.use));
+    TORCH_CHECK(*layout == "row_major" || *layout == "col_major",
+                "fragment_map: argument 'layout' must be 'row_major' or 'col_major', got '", *layout, "'");
+    spec.order = *layout == "row_major" ? Order::row_major : Order::col_major;
+  }
+  return spec;
+}
+
+wmmae::CoreLayout require_sm80_layout(const FragmentSpec& spec) {
+  const wmmae::CoreLayout layout = wmmae::sm80_layout(spec.use, spec.m, spec.n, spec.k, spec.elem);
+  TORCH_CHECK(layout.num_elements > 0, "fragment_map: CUDA has no WMMA fragment ", spec.describe(),
+              " (see the fragment types of <mma.h>; accumulators take the accumulator type, e.g. 'float')");
+  return layout;
+}
+
+at::Tensor fragment_map_cpu(c10::string_view use, std::int64_t m, std::int64_t n, std::int64_t k,
+                            c10::string_view dtype, std::optional<c10::string_view> layout,
+                            std::optional<std::int64_t> arch, std::optional<at::Device> device) {
+  const FragmentSpec spec = parse_fragment_spec(use, m, n, k, dtype, layout);
+  (void)device;
+  TORCH_CHECK(arch.has_value(), "fragment_map: on the CPU pass arch= (70, 75, 80, 86, 89 or 90) for the analytic "
+              "table, or device='cuda' to measure the GPU");
+  TORCH_CHECK(*arch == 70 || *arch == 75 || *arch == 80 || *arch == 86 || *arch == 89 || *arch == 90,
+              "fragment_map: argument 'arch' must be one of 70, 75, 80, 86, 89, 90, got ", *arch);
+  return analytic_table(spec, *arch);
+}
+
+TORCH_LIBRARY_IMPL(wmmae, BackendSelect, m) { m.impl("fragment_map", &fragment_map_backend_select); }
+
+}  // namespace wmmae_ops

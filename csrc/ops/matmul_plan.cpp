@@ -1,0 +1,70 @@
+#include "matmul_plan.hpp"
+
+#include <ATen/ExpandUtils.h>
+
+namespace wmmae_ops {
+
+MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_name) {
+  TORCH_CHECK(a.dim() >= 1, op_name, ": argument 'a' must have at least 1 dimension, got a 0-d tensor");
+  TORCH_CHECK(b.dim() >= 1, op_name, ": argument 'b' must have at least 1 dimension, got a 0-d tensor");
+  TORCH_CHECK(a.scalar_type() == at::kFloat, op_name, ": argument 'a' must be float32, got ", a.scalar_type());
+  TORCH_CHECK(b.scalar_type() == at::kFloat, op_name, ": argument 'b' must be float32, got ", b.scalar_type());
+  TORCH_CHECK(a.layout() == at::kStrided && b.layout() == at::kStrided, op_name,
+              ": arguments 'a' and 'b' must be dense (strided) tensors");
+  TORCH_CHECK(a.device() == b.device(), op_name, ": arguments 'a' and 'b' must be on the same device, got a on ",
+              a.device(), " and b on ", b.device());
+
+  // A 1-D operand is a row (a) or a column (b) vector whose dimension disappears from the result.
+  const at::Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+  const at::Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+  const std::int64_t m = a2.size(-2), k = a2.size(-1), n = b2.size(-1);
+  TORCH_CHECK(b2.size(-2) == k, op_name, ": inner dimensions do not match: 'a' has shape ", a.sizes(),
+              " and 'b' has shape ", b.sizes(), " (a.size(-1) must equal b.size(", b.dim() == 1 ? -1 : -2, "))");
+
+  const auto a_batch = a2.sizes().slice(0, a2.dim() - 2);
+  const auto b_batch = b2.sizes().slice(0, b2.dim() - 2);
+  const std::vector<std::int64_t> batch_shape = at::infer_size(a_batch, b_batch);
+
+  std::vector<std::int64_t> a_shape(batch_shape), b_shape(batch_shape);
+  a_shape.insert(a_shape.end(), {m, k});
+  b_shape.insert(b_shape.end(), {k, n});
+
+  MatmulPlan plan;
+  plan.a = a2.expand(a_shape);
+  plan.b = b2.expand(b_shape);
+  plan.m = m;
+  plan.n = n;
+  plan.k = k;
+
+  plan.out_shape = batch_shape;
+  if (a.dim() > 1) plan.out_shape.push_back(m);
+  if (b.dim() > 1) plan.out_shape.push_back(n);
+
+  // Coalesce the batch dimensions (drop size-1 dims, merge dims that are contiguous in both operands),
+  // innermost last.
+  BatchStrides bs{};
+  std::int64_t batch = 1;
+  for (std::size_t d = 0; d < batch_shape.size(); ++d) {
+    const std::int64_t size = batch_shape[d];
+    batch *= size;
+    if (size == 1) continue;
+    const std::int64_t sa = plan.a.stride(d), sb = plan.b.stride(d);
+    if (bs.ndim > 0 && bs.a_stride[bs.ndim - 1] == sa * size && bs.b_stride[bs.ndim - 1] == sb * size) {
+      bs.size[bs.ndim - 1] *= size;
+      bs.a_stride[bs.ndim - 1] = sa;
+      bs.b_stride[bs.ndim - 1] = sb;
+      continue;
+    }
+    TORCH_CHECK(bs.ndim < kMaxBatchDims, op_name, ": the broadcast batch shape ", at::IntArrayRef(batch_shape),
+                " cannot be coalesced into ", kMaxBatchDims, " strided dimensions; make the operands contiguous");
+    bs.size[bs.ndim] = size;
+    bs.a_stride[bs.ndim] = sa;
+    bs.b_stride[bs.ndim] = sb;
+    ++bs.ndim;
+  }
+  plan.batch = batch;
+  plan.batch_strides = bs;
+  return plan;
+}
+
+}  // namespace wmmae_ops

@@ -1,0 +1,42 @@
+// The wmmae operator library: every schema, next to its CPU implementation. The CUDA implementations
+// register themselves in ops/*_cuda.cu (TORCH_LIBRARY_IMPL(wmmae, CUDA, ...)).
+#include <Python.h>
+#include <torch/library.h>
+
+#include "ops/batched_outer.hpp"
+#include "ops/corrected_matmul_scheme.hpp"
+#include "ops/fragment_map.hpp"
+
+namespace wmmae_ops {
+
+at::Tensor corrected_matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view method);
+at::Tensor batched_outer_cpu(const at::Tensor& u, const std::optional<at::Tensor>& v, double alpha,
+                             std::optional<at::ScalarType> out_dtype);
+
+Method method_from_string(const std::string& name) {
+  if (name == "fp16") return Method::fp16;
+  if (name == "tf32") return Method::tf32;
+  if (name == "auto") return Method::automatic;
+  TORCH_CHECK(false, "corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '", name, "'");
+}
+
+TORCH_LIBRARY(wmmae, m) {
+  m.def("corrected_matmul(Tensor a, Tensor b, str method=\"auto\") -> Tensor");
+  m.impl("corrected_matmul", c10::DispatchKey::CPU, TORCH_FN(corrected_matmul_cpu));
+
+  m.def("batched_outer(Tensor u, Tensor? v=None, float alpha=0.0, ScalarType? out_dtype=None) -> Tensor");
+  m.impl("batched_outer", c10::DispatchKey::CPU, TORCH_FN(batched_outer_cpu));
+
+  // No tensor argument: a BackendSelect kernel (ops/fragment_map.cpp) routes by `device`.
+  m.def("fragment_map(str use, int m, int n, int k, str dtype, str? layout=None, int? arch=None, "
+        "Device? device=None) -> Tensor");
+  m.impl("fragment_map", c10::DispatchKey::CPU, TORCH_FN(fragment_map_cpu));
+}
+
+}  // namespace wmmae_ops
+
+// Importing torch_wmmae._C loads this library and so registers the ops; the module itself is empty.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

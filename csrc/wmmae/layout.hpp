@@ -1,0 +1,175 @@
+// Fragment layouts: which tile element (row, col) a lane's frag.x[i] holds.
+//
+// This header is the single definition of every layout the project knows. It is plain C++17 (no CUDA
+// needed), so the host code of the fragment_map op and the device primitives in primitives.hpp read the
+// same tables.
+//
+// sm_75 and newer: every WMMA fragment is a set of 8-row "core matrices". In a core matrix lane l holds a
+// run of `run` consecutive elements (1, 2 or 4) of row l/4, starting at column run*(l%4); a transposed core
+// holds them down a column instead. Core c sits at offset[c] in the tile, and frag.x[i] belongs to core
+// (i / run) % num_cores: where a fragment has more elements than distinct ones (half m16n16k16 operands),
+// the extra elements repeat the first ones. The descriptors were measured on an H200 (sm_90, CUDA 13.0)
+// with load_matrix_sync of index-encoded tiles (the fragment_map op does this), and are the same for
+// row_major and col_major operands: only the memory offset differs.
+//
+// sm_70 (Volta) does not fit that model: each operand element is held by two lanes and the register layout
+// depends on the fragment's layout. Its tables are analytic (no Volta GPU to measure, and CUDA 13 cannot
+// compile sm_70), used by fragment_map(arch=70) on the host only.
+#pragma once
+
+#include "config.hpp"
+
+namespace wmmae {
+
+enum class Use : int { matrix_a = 0, matrix_b = 1, accumulator = 2 };
+enum class Elem : int { half = 0, bf16, tf32, f32, f64, s8, u8, s32 };
+enum class Order : int { row_major = 0, col_major = 1, none = 2 };
+
+struct RowCol {
+  int row;
+  int col;
+};
+
+struct CoreLayout {
+  int rows;            // tile extent of this fragment (m x k for A, k x n for B, m x n for C)
+  int cols;
+  int num_elements;    // frag.num_elements
+  int run;             // consecutive elements a lane holds in one core-matrix row (1, 2 or 4)
+  bool transposed;     // runs go down a column (B operands, m8n32k16 accumulators)
+  int num_cores;       // number of distinct core matrices
+  RowCol offset[8];    // top-left corner of core c in the tile
+
+  // Number of distinct elements per lane; x and x + period hold the same element.
+  WMMAE_HD constexpr int period() const { return run * num_cores; }
+  WMMAE_HD constexpr int copies() const { return num_elements / period(); }
+
+  WMMAE_HD constexpr RowCol at(int lane, int x) const {
+    const int core = (x / run) % num_cores;
+    const int along = run * (lane % 4) + x % run;
+    const int across = lane / 4;
+    return transposed ? RowCol{offset[core].row + along, offset[core].col + across}
+                      : RowCol{offset[core].row + across, offset[core].col + along};
+  }
+};
+
+// (lane, x) pairs that hold one tile element: the inverse of CoreLayout::at.
+struct Holders {
+  int count;
+  int lane[4];
+  int x[4];
+};
+
+WMMAE_HD constexpr Holders holders_of(const CoreLayout& L, int row, int col) {
+  Holders h{0, {0, 0, 0, 0}, {0, 0, 0, 0}};
+  const int extent = 4 * L.run;  // core footprint: 8 x extent (transposed: extent x 8)
+  for (int c = 0; c < L.num_cores; ++c) {
+    const int r = row - L.offset[c].row, k = col - L.offset[c].col;
+    const int across = L.transposed ? k : r, along = L.transposed ? r : k;
+    if (across < 0 || across >= 8 || along < 0 || along >= extent) continue;
+    for (int q = 0; q < L.copies(); ++q) {
+      h.lane[h.count] = across * 4 + along / L.run;
+      h.x[h.count] = q * L.period() + c * L.run + along % L.run;
+      ++h.count;
+    }
+  }
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The sm_80+ table (also sm_75 for the m16n16k16 half fragments). One row per fragment type:
+//   X(use, m, n, k, elem, num_elements, run, transposed, num_cores, {offset of each core})
+// Operand elem is the multiplicand type; accumulator elem is the accumulator type.
+// ---------------------------------------------------------------------------------------------------
+#define WMMAE_CORES4_16x16 {{0, 0}, {8, 0}, {0, 8}, {8, 8}}
+#define WMMAE_FOR_EACH_SM80_FRAGMENT(X)                                                                  \
+  X(matrix_a, 16, 16, 16, half, 16, 2, false, 4, WMMAE_CORES4_16x16)                                    \
+  X(matrix_b, 16, 16, 16, half, 16, 2, true, 4, WMMAE_CORES4_16x16)                                     \
+  X(matrix_a, 16, 16, 16, bf16, 8, 2, false, 4, WMMAE_CORES4_16x16)                                     \
+  X(matrix_b, 16, 16, 16, bf16, 8, 2, true, 4, WMMAE_CORES4_16x16)                                      \
+  X(matrix_a, 32, 8, 16, half, 16, 2, false, 8,                                                        \
+    {{0, 0}, {8, 0}, {0, 8}, {8, 8}, {16, 0}, {24, 0}, {16, 8}, {24, 8}})                              \
+  X(matrix_b, 32, 8, 16, half, 16, 2, true, 2, {{0, 0}, {8, 0}})                                       \
+  X(matrix_a, 32, 8, 16, bf16, 16, 2, false, 8,                                                        \
+    {{0, 0}, {8, 0}, {0, 8}, {8, 8}, {16, 0}, {24, 0}, {16, 8}, {24, 8}})                              \
+  X(matrix_b, 32, 8, 16, bf16, 4, 2, true, 2, {{0, 0}, {8, 0}})                                        \
+  X(matrix_a, 8, 32, 16, half, 16, 2, false, 2, {{0, 0}, {0, 8}})                                      \
+  X(matrix_b, 8, 32, 16, half, 16, 2, true, 8,                                                         \
+    {{0, 0}, {0, 8}, {8, 0}, {8, 8}, {0, 16}, {0, 24}, {8, 16}, {8, 24}})                              \
+  X(matrix_a, 8, 32, 16, bf16, 4, 2, false, 2, {{0, 0}, {0, 8}})                                       \
+  X(matrix_b, 8, 32, 16, bf16, 16, 2, true, 8,                                                         \
+    {{0, 0}, {0, 8}, {8, 0}, {8, 8}, {0, 16}, {0, 24}, {8, 16}, {8, 24}})                              \
+  X(matrix_a, 16, 16, 16, s8, 8, 4, false, 2, {{0, 0}, {8, 0}})                                        \
+  X(matrix_b, 16, 16, 16, s8, 8, 4, true, 2, {{0, 0}, {0, 8}})                                         \
+  X(matrix_a, 16, 16, 16, u8, 8, 4, false, 2, {{0, 0}, {8, 0}})                                        \
+  X(matrix_b, 16, 16, 16, u8, 8, 4, true, 2, {{0, 0}, {0, 8}})                                         \
+  X(matrix_a, 32, 8, 16, s8, 16, 4, false, 4, {{0, 0}, {8, 0}, {16, 0}, {24, 0}})                      \
+  X(matrix_b, 32, 8, 16, s8, 4, 4, true, 1, {{0, 0}})                                                  \
+  X(matrix_a, 32, 8, 16, u8, 16, 4, false, 4, {{0, 0}, {8, 0}, {16, 0}, {24, 0}})                      \
+  X(matrix_b, 32, 8, 16, u8, 4, 4, true, 1, {{0, 0}})                                                  \
+  X(matrix_a, 8, 32, 16, s8, 4, 4, false, 1, {{0, 0}})                                                 \
+  X(matrix_b, 8, 32, 16, s8, 16, 4, true, 4, {{0, 0}, {0, 8}, {0, 16}, {0, 24}})                       \
+  X(matrix_a, 8, 32, 16, u8, 4, 4, false, 1, {{0, 0}})                                                 \
+  X(matrix_b, 8, 32, 16, u8, 16, 4, true, 4, {{0, 0}, {0, 8}, {0, 16}, {0, 24}})                       \
+  X(matrix_a, 16, 16, 8, tf32, 4, 1, false, 4, {{0, 0}, {8, 0}, {0, 4}, {8, 4}})                       \
+  X(matrix_b, 16, 16, 8, tf32, 4, 1, true, 4, {{0, 0}, {4, 0}, {0, 8}, {4, 8}})                        \
+  X(matrix_a, 8, 8, 4, f64, 1, 1, false, 1, {{0, 0}})                                                  \
+  X(matrix_b, 8, 8, 4, f64, 1, 1, true, 1, {{0, 0}})                                                   \
+  X(accumulator, 16, 16, 16, f32, 8, 2, false, 4, WMMAE_CORES4_16x16)                                   \
+  X(accumulator, 16, 16, 16, half, 8, 2, false, 4, WMMAE_CORES4_16x16)                                  \
+  X(accumulator, 16, 16, 16, s32, 8, 2, false, 4, WMMAE_CORES4_16x16)                                   \
+  X(accumulator, 32, 8, 16, f32, 8, 2, false, 4, {{0, 0}, {8, 0}, {16, 0}, {24, 0}})                   \
+  X(accumulator, 32, 8, 16, half, 8, 2, false, 4, {{0, 0}, {8, 0}, {16, 0}, {24, 0}})                  \
+  X(accumulator, 32, 8, 16, s32, 8, 2, false, 4, {{0, 0}, {8, 0}, {16, 0}, {24, 0}})                   \
+  X(accumulator, 8, 32, 16, f32, 8, 2, true, 4, {{0, 0}, {0, 8}, {0, 16}, {0, 24}})                    \
+  X(accumulator, 8, 32, 16, half, 8, 2, true, 4, {{0, 0}, {0, 8}, {0, 16}, {0, 24}})                   \
+  X(accumulator, 8, 32, 16, s32, 8, 2, true, 4, {{0, 0}, {0, 8}, {0, 16}, {0, 24}})                    \
+  X(accumulator, 16, 16, 8, f32, 8, 2, false, 4, WMMAE_CORES4_16x16)                                    \
+  X(accumulator, 8, 8, 4, f64, 2, 2, false, 1, {{0, 0}})
+
+// Tile extent of a fragment of shape (m, n, k): A is m x k, B is k x n, accumulators are m x n.
+WMMAE_HD constexpr int tile_rows(Use use, int m, int k) { return use == Use::matrix_b ? k : m; }
+WMMAE_HD constexpr int tile_cols(Use use, int n, int k) { return use == Use::matrix_a ? k : n; }
+
+// The sm_80+ descriptor of a fragment type; num_elements == 0 when CUDA has no such fragment.
+WMMAE_HD constexpr CoreLayout sm80_layout(Use use, int m, int n, int k, Elem elem) {
+// The offsets' braces do not protect their commas from the preprocessor: they arrive as __VA_ARGS__.
+#define WMMAE_LAYOUT_CASE(U, M, N, K, E, NUM, RUN, T, NC, ...)                                         \
+  if (use == Use::U && m == M && n == N && k == K && elem == Elem::E)                                   \
+    return CoreLayout{tile_rows(Use::U, M, K), tile_cols(Use::U, N, K), NUM, RUN, T, NC, __VA_ARGS__};
+  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_LAYOUT_CASE)
+#undef WMMAE_LAYOUT_CASE
+  return CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+}
+
+// sm_75 shares sm_80's m16n16k16 half layouts; its other shapes have not been measured.
+WMMAE_HD constexpr CoreLayout sm75_layout(Use use, int m, int n, int k, Elem elem) {
+  const bool known = m == 16 && n == 16 && k == 16 &&
+                     (elem == Elem::half || (use == Use::accumulator && elem == Elem::f32));
+  return known ? sm80_layout(use, m, n, k, elem) : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// sm_70, m16n16k16 half operands with float or half accumulators (analytic; see the header comment).
+// ---------------------------------------------------------------------------------------------------
+WMMAE_HD constexpr int sm70_num_elements(Use use, Elem elem) {
+  return use == Use::accumulator ? 8 : (elem == Elem::half ? 16 : 0);
+}
+
+WMMAE_HD constexpr RowCol sm70_at(Use use, Order order, Elem acc_elem, int l, int x) {
+  const int b2 = (l >> 2) & 1, b3 = (l >> 3) & 1, b4 = (l >> 4) & 1;
+  if (use == Use::matrix_a) {
+    return order == Order::col_major ? RowCol{8 * b2 + 4 * b4 + (x & 3), (l & 3) + 4 * (x >> 2)}
+                                     : RowCol{(l & 3) + 8 * b2 + 4 * b4, x};
+  }
+  if (use == Use::matrix_b) {
+    return order == Order::col_major ? RowCol{x, (l & 3) + 8 * b3 + 4 * b4}
+                                     : RowCol{(l & 3) + 4 * (x >> 2), 8 * b3 + 4 * b4 + (x & 3)};
+  }
+  if (acc_elem == Elem::f32) {
+    return RowCol{(l & 1) + 2 * ((x >> 1) & 1) + 4 * b4 + 8 * b2,
+                  (x & 1) + 2 * ((l >> 1) & 1) + 4 * ((x >> 2) & 1) + 8 * b3};
+  }
+  return RowCol{(l & 3) + 4 * b4 + 8 * b2, x + 8 * b3};
+}
+
+}  // namespace wmmae

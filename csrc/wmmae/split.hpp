@@ -1,0 +1,82 @@
+// Splitting an fp32 value into a high part and a residual that tensor cores can multiply
+// (Ootomo & Yokota's error correction). Plain C++17 with host/device functions, so the CPU reference of
+// corrected_matmul and the CUDA kernels split values with the same arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "config.hpp"
+
+namespace wmmae {
+
+// The fp16 residual is scaled by 2^11 so that it stays out of fp16's subnormal range.
+constexpr float kFp16ResidualScale = 2048.0f;
+constexpr float kFp16ResidualUnscale = 1.0f / 2048.0f;
+
+WMMAE_HD inline std::uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+#endif
+}
+
+WMMAE_HD inline float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+#endif
+}
+
+WMMAE_HD inline bool is_finite_bits(std::uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
+
+// floor(log2(|v|)) for finite non-zero v (subnormals included).
+WMMAE_HD inline int float_exponent(float v) {
+  const std::uint32_t u = float_bits(v) & 0x7fffffffu;
+  const int biased = static_cast<int>(u >> 23);
+  if (biased != 0) return biased - 127;
+#if defined(__CUDA_ARCH__)
+  return -118 - __clz(static_cast<int>(u));  // 31 - clz(u) - 149
+#else
+  return -118 - __builtin_clz(u);
+#endif
+}
+
+// tf32 with round-to-nearest, ties away from zero (what cvt.rna.tf32.f32 does), kept in an fp32 register.
+// A finite value that would round past FLT_MAX is truncated instead, so that a finite input never
+// becomes Inf. Non-finite values pass through.
+WMMAE_HD inline float round_to_tf32(float v) {
+  const std::uint32_t u = float_bits(v);
+  if (!is_finite_bits(u)) return v;
+  const std::uint32_t rounded = (u + 0x1000u) & 0xffffe000u;
+  return bits_float(is_finite_bits(rounded) ? rounded : (u & 0xffffe000u));
+}
+
+// v == hi + lo up to tf32's rounding of lo. Non-finite v: hi = v, lo = 0 (the residual would be NaN).
+struct Tf32Split {
+  float hi;
+  float lo;
+};
+WMMAE_HD inline Tf32Split split_tf32(float v) {
+  const float hi = round_to_tf32(v);
+  if (!is_finite_bits(float_bits(v))) return {hi, 0.0f};
+  return {hi, round_to_tf32(v - hi)};
+}
+
+// v == hi + lo / 2^11 up to fp16's rounding of lo, for v inside fp16's range (callers scale first).
+// `Half` is the storage type (__half on the device, c10::Half on the host): Rounding::to_half rounds to
+// nearest even and Rounding::to_float widens exactly. Non-finite v: hi = v, lo = 0.
+template <class Rounding, class Half>
+WMMAE_HD inline void split_fp16(float v, Half& hi, Half& lo) {
+  hi = Rounding::to_half(v);
+  const float residual = is_finite_bits(float_bits(v)) ? (v - Rounding::to_float(hi)) * kFp16ResidualScale : 0.0f;
+  lo = Rounding::to_half(residual);
+}
+
+}  // namespace wmmae

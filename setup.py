@@ -1,0 +1,55 @@
+"""Build torch_wmmae._C: the wmmae operator library (C++ CPU kernels, CUDA kernels when possible).
+
+Install against the torch that is already installed: pip install --no-build-isolation .
+CUDA sources are built whenever torch was built with CUDA and nvcc is found; a GPU is not needed.
+Architectures: TORCH_CUDA_ARCH_LIST when set, otherwise DEFAULT_CUDA_ARCHS.
+Set TORCH_WMMAE_CPU_ONLY=1 to skip the CUDA sources (faster builds while working on CPU code).
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+# sm_80 and sm_90: the kernels use bf16/tf32 fragments (sm_80+); the device library itself also compiles
+# for sm_75 (tests/test_device_library.py checks that).
+DEFAULT_CUDA_ARCHS = "8.0;9.0"
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
+
+
+def want_cuda() -> bool:
+    if os.environ.get("TORCH_WMMAE_CPU_ONLY", "0") == "1":
+        return False
+    import torch
+
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def extension():
+    cpp_sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")) + glob.glob(os.path.join(CSRC, "ops", "*.cpp")))
+    cxx_flags = ["-O3", "-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+    common = dict(include_dirs=[CSRC], extra_compile_args={"cxx": cxx_flags})
+    rel = lambda paths: [os.path.relpath(p, ROOT) for p in paths]
+    if not want_cuda():
+        return cpp_extension.CppExtension("torch_wmmae._C", rel(cpp_sources), **common)
+    # Without an arch list, cpp_extension asks the (possibly absent) GPU for its capability and fails.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+    cuda_sources = sorted(glob.glob(os.path.join(CSRC, "ops", "*.cu")))
+    # No --use_fast_math: the error-corrected split relies on IEEE rounding of every operation.
+    common["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA"]
+    common["extra_compile_args"]["cxx"] = cxx_flags + ["-DWMMAE_WITH_CUDA"]
+    return cpp_extension.CUDAExtension("torch_wmmae._C", rel(cpp_sources + cuda_sources), **common)
+
+
+setup(
+    name="torch_wmmae",
+    version="0.1.0",
+    description="Tensor-core fragments built in registers, as PyTorch operators (the WMMA extension idea)",
+    packages=find_packages(include=["torch_wmmae", "torch_wmmae.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    python_requires=">=3.9",
+    install_requires=["torch"],
+)

@@ -1,0 +1,19 @@
+"""torch_wmmae: NVIDIA tensor-core fragments built in registers, as PyTorch operators.
+
+Ops (also reachable as ``torch.ops.wmmae.*``):
+- :func:`corrected_matmul`: float32 matmul on tensor cores with error correction (FP32 accuracy).
+- :func:`batched_outer`: batched ``u v^T + alpha * I``.
+- :func:`fragment_map`: which tile element each lane of a WMMA fragment holds.
+"""
+from . import _C  # noqa: F401  (loads the operator library: registers torch.ops.wmmae)
+from .ops import METHODS, batched_outer, corrected_matmul, fragment_map
+
+__all__ = ["corrected_matmul", "batched_outer", "fragment_map", "METHODS", "has_cuda_kernels"]
+__version__ = "0.1.0"
+
+
+def has_cuda_kernels() -> bool:
+    """True when this build contains the CUDA kernels (built with nvcc against a CUDA-enabled torch)."""
+    import torch
+
+    return torch._C._dispatch_has_kernel_for_dispatch_key("wmmae::corrected_matmul", "CUDA")

@@ -1,0 +1,166 @@
+"""Python API of the wmmae operators: thin wrappers over torch.ops.wmmae, each with its fake (meta) kernel
+for torch.compile beside it, and autograd for corrected_matmul."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["corrected_matmul", "batched_outer", "fragment_map", "METHODS"]
+
+METHODS = ("auto", "fp16", "tf32")
+
+
+# --------------------------------------------------------------------------------------------------------
+# corrected_matmul
+# --------------------------------------------------------------------------------------------------------
+def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
+    """Float32 matrix product on tensor cores with error correction: ``torch.matmul(a, b)`` at FP32 accuracy.
+
+    Shapes follow :func:`torch.matmul` (1-D, 2-D, batched, broadcast batch dimensions); both operands must be
+    float32 on the same device. The result is a contiguous float32 tensor.
+
+    Each fp32 value is split into a high part and a residual that tensor cores multiply; three products per
+    k-step (the residual-times-residual term is dropped) recover fp32 accuracy.
+
+    Args:
+        method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``
+            and column of ``b`` by a power of two; accurate while each row/column spans at most 2^23 in
+            magnitude (smaller elements of wider rows lose bits). ``"tf32"`` splits into tf32 hi + tf32
+            residual, accurate over the whole fp32 range. ``"auto"`` (default) uses fp16 where every row and
+            column involved is fp16-safe and tf32 elsewhere; it decides on the device (no host sync).
+    """
+    return torch.ops.wmmae.corrected_matmul.default(a, b, method)
+
+
+@torch.library.register_fake("wmmae::corrected_matmul")
+def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
+    torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be one of {METHODS}, got {method!r}")
+    torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
+    torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
+    torch._check(a.dim() >= 1 and b.dim() >= 1, lambda: "corrected_matmul: arguments must have at least 1 dimension")
+    # torch.matmul's shape rules; the result is always contiguous.
+    shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
+    return a.new_empty(shape)
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    return grad.sum_to_size(shape) if grad.shape != shape else grad
+
+
+def _corrected_matmul_backward(ctx, grad: Tensor):
+    a, b = ctx.saved_tensors
+    method = ctx.method
+    grad_a = grad_b = None
+    # Promote 1-D operands to matrices (as torch.matmul does), then drop the added dimensions again.
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    g = grad
+    if a.dim() == 1:
+        g = g.unsqueeze(-2)
+    if b.dim() == 1:
+        g = g.unsqueeze(-1)
+    if ctx.needs_input_grad[0]:
+        ga = corrected_matmul(g, b2.transpose(-1, -2), method=method)
+        ga = _sum_to(ga, a2.shape)
+        grad_a = ga.squeeze(0) if a.dim() == 1 else ga
+    if ctx.needs_input_grad[1]:
+        gb = corrected_matmul(a2.transpose(-1, -2), g, method=method)
+        gb = _sum_to(gb, b2.shape)
+        grad_b = gb.squeeze(-1) if b.dim() == 1 else gb
+    return grad_a, grad_b, None
+
+
+def _corrected_matmul_setup_context(ctx, inputs, output):
+    a, b, method = inputs
+    ctx.method = method
+    ctx.save_for_backward(a, b)
+
+
+torch.library.register_autograd(
+    "wmmae::corrected_matmul", _corrected_matmul_backward, setup_context=_corrected_matmul_setup_context
+)
+
+
+# --------------------------------------------------------------------------------------------------------
+# batched_outer
+# --------------------------------------------------------------------------------------------------------
+_OUTER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def batched_outer(
+    u: Tensor, v: Optional[Tensor] = None, *, alpha: float = 0.0, out_dtype: Optional[torch.dtype] = None
+) -> Tensor:
+    """Batched outer products plus a scaled identity: ``out[b] = u[b] v[b]^T + alpha * I``.
+
+    Args:
+        u, v: tensors of shape ``(..., n)`` with the same shape and dtype (float16, bfloat16 or float32);
+            ``v`` defaults to ``u``.
+        alpha: added once to every diagonal element.
+        out_dtype: float32 (default), float16 or bfloat16.
+
+    Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs give the exact products rounded
+    once to ``out_dtype``; float32 inputs are accurate to a few float32 ulps.
+    """
+    return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype)
+
+
+@torch.library.register_fake("wmmae::batched_outer")
+def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.0, out_dtype=None) -> Tensor:
+    torch._check(u.dim() >= 1, lambda: "batched_outer: argument 'u' must have shape (..., n)")
+    torch._check(u.dtype in _OUTER_DTYPES, lambda: f"batched_outer: unsupported dtype {u.dtype} for 'u'")
+    if v is not None:
+        torch._check(v.shape == u.shape, lambda: "batched_outer: argument 'v' must have the shape of 'u'")
+        torch._check(v.dtype == u.dtype, lambda: "batched_outer: argument 'v' must have the dtype of 'u'")
+    dtype = torch.float32 if out_dtype is None else out_dtype
+    torch._check(dtype in _OUTER_DTYPES, lambda: f"batched_outer: unsupported out_dtype {dtype}")
+    return u.new_empty((*u.shape, u.shape[-1]), dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------------------
+# fragment_map
+# --------------------------------------------------------------------------------------------------------
+def fragment_map(
+    use: str,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    layout: Optional[str] = None,
+    *,
+    arch: Optional[int] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> Tensor:
+    """Which tile element each lane's ``frag.x[i]`` holds, for a ``nvcuda::wmma::fragment``.
+
+    Returns an int32 tensor ``[32, num_elements, 2]``: entry ``[lane, i]`` is the ``(row, col)`` of the
+    element in the tile (A is m x k, B is k x n, accumulators are m x n).
+
+    Args:
+        use: ``"matrix_a"``, ``"matrix_b"`` or ``"accumulator"``.
+        m, n, k: the fragment shape, e.g. 16, 16, 16.
+        dtype: ``"half"``, ``"bf16"``, ``"tf32"``, ``"int8"``, ``"uint8"``, ``"double"`` for operands;
+            ``"float"``, ``"half"``, ``"int32"``, ``"double"`` for accumulators.
+        layout: ``"row_major"`` or ``"col_major"`` for operands, ``None`` for accumulators.
+        arch: compute capability (70, 75, 80, 86, 89, 90): the analytic table, on the CPU.
+        device: a CUDA device: the layout measured on that GPU with ``load_matrix_sync``.
+    Exactly one of ``arch`` and ``device`` must be given.
+    """
+    if (arch is None) == (device is None):
+        raise ValueError("fragment_map: pass exactly one of arch= (analytic table) and device= (measure the GPU)")
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch, dev)
+
+
+@torch.library.register_fake("wmmae::fragment_map")
+def _fragment_map_fake(use, m, n, k, dtype, layout=None, arch=None, device=None):
+    # The number of elements per lane comes from the one C++ table: ask it (outside fake mode) for the
+    # sm_80+ layout, which every GPU this package runs on shares with its measured one.
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch if arch is not None else 80, None)
+    return torch.empty(table.shape, dtype=torch.int32, device=device if device is not None else "cpu")
