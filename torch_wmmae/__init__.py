@@ -5,6 +5,8 @@ Ops (also reachable as ``torch.ops.wmmae.*``):
 - :func:`batched_outer`: batched ``u v^T + alpha * I``.
 - :func:`fragment_map`: which tile element each lane of a WMMA fragment holds.
 """
+import torch  # noqa: F401  (first: loads libc10/libtorch, which _C links against)
+
 from . import _C  # noqa: F401  (loads the operator library: registers torch.ops.wmmae)
 from .ops import METHODS, batched_outer, corrected_matmul, fragment_map
 

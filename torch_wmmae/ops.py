@@ -56,11 +56,12 @@ def _corrected_matmul_backward(ctx, grad: Tensor):
     # Promote 1-D operands to matrices (as torch.matmul does), then drop the added dimensions again.
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    # Restore b's column dimension first: for 1-D @ 1-D the gradient is 0-d and has no dimension -2 yet.
     g = grad
-    if a.dim() == 1:
-        g = g.unsqueeze(-2)
     if b.dim() == 1:
         g = g.unsqueeze(-1)
+    if a.dim() == 1:
+        g = g.unsqueeze(-2)
     if ctx.needs_input_grad[0]:
         ga = corrected_matmul(g, b2.transpose(-1, -2), method=method)
         ga = _sum_to(ga, a2.shape)
@@ -97,7 +98,7 @@ def batched_outer(
     Args:
         u, v: tensors of shape ``(..., n)`` with the same shape and dtype (float16, bfloat16 or float32);
             ``v`` defaults to ``u``.
-        alpha: added once to every diagonal element.
+        alpha: added once to every diagonal element, as a float32 value.
         out_dtype: float32 (default), float16 or bfloat16.
 
     Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs give the exact products rounded

@@ -8,6 +8,10 @@
 
 #include "config.hpp"
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
 namespace wmmae {
 
 // The fp16 residual is scaled by 2^11 so that it stays out of fp16's subnormal range.
@@ -78,5 +82,13 @@ WMMAE_HD inline void split_fp16(float v, Half& hi, Half& lo) {
   const float residual = is_finite_bits(float_bits(v)) ? (v - Rounding::to_float(hi)) * kFp16ResidualScale : 0.0f;
   lo = Rounding::to_half(residual);
 }
+
+#if defined(__CUDACC__)
+// Rounding policy for split_fp16 on the device.
+struct DeviceHalfRounding {
+  __device__ static __half to_half(float v) { return __float2half_rn(v); }
+  __device__ static float to_float(__half h) { return __half2float(h); }
+};
+#endif
 
 }  // namespace wmmae

@@ -1,0 +1,63 @@
+"""Shared helpers of the benchmark scripts: CUDA-event timing with warm-up and rotating inputs, and the
+result files (JSON + markdown table, with GPU name, torch version and date)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+from typing import Callable, Sequence
+
+import torch
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, reps: int = 20) -> float:
+    """Median time of fn(i) in milliseconds, i cycling over n_inputs input sets (so that repeated calls do
+    not just re-read the L2 cache). Each call is timed with its own pair of CUDA events."""
+    for i in range(warmup):
+        fn(i % n_inputs)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        fn(i % n_inputs)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def inputs_for_rotation(bytes_per_set: int, l2_bytes: int, max_sets: int = 8) -> int:
+    """How many input sets make one rotation larger than ~3x the L2 cache."""
+    return max(1, min(max_sets, (3 * l2_bytes) // max(1, bytes_per_set) + 1))
+
+
+def header() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def write_results(name: str, payload: dict, columns: Sequence[str], out_dir: str | None = None, title: str = "") -> None:
+    out_dir = out_dir or RESULTS_DIR
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    lines = [f"# {title or name}", "", f"GPU: {payload['gpu']}, torch {payload['torch']}, {payload['date']}", ""]
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for row in payload["rows"]:
+        cells = []
+        for c in columns:
+            v = row.get(c, "")
+            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")

@@ -1,0 +1,201 @@
+// batched_outer on CUDA: u_b v_b^T + alpha*I, one warp per 16x16 output tile.
+//
+// fp16/bf16 inputs: A = u-slice in the first column (load_vector), B = v-slice in the first row,
+// C = alpha*I on diagonal tiles (make_identity), one mma; every off-diagonal product is exact in fp32.
+// fp32 inputs: each value is split into three bf16 terms (u = u0 + u1 + u2 exactly for normal values);
+// the nine products u_a v_b^T sit in the k dimension of one m16n16k16 bf16 mma. A tile that holds an Inf
+// or NaN is computed in fp32 on the CUDA cores instead (0 * Inf from a zero split term would be NaN).
+// The kernel is bound by the output writes: accumulators go straight to memory with paired streaming stores.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../wmmae/wmmae.hpp"
+#include "batched_outer.hpp"
+
+namespace wmmae_ops {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kTile = 16;
+constexpr int kWarpsPerBlock = 8;
+
+struct OuterArgs {
+  const void* u;
+  const void* v;
+  std::int64_t u_batch_stride, u_stride, v_batch_stride, v_stride;
+  void* out;
+  std::int64_t batch;
+  int n;
+  int tiles_per_side;
+  float alpha;
+};
+
+template <class Out> __device__ Out from_float(float v);
+template <> __device__ float from_float<float>(float v) { return v; }
+template <> __device__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <class Out> struct Pair;
+template <> struct Pair<float> { using type = float2; };
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+__device__ inline void store_streaming(float2* p, float2 v) { __stcs(p, v); }
+__device__ inline void store_streaming(float* p, float v) { __stcs(p, v); }
+template <class T> __device__ inline void store_streaming(T* p, T v) { *p = v; }
+
+// Writes the in-bounds part of a 16x16 accumulator tile (row-major, leading dimension ld). The accumulator
+// holds pairs of adjacent columns (run == 2): they are written together when the row allows it.
+template <class Out, class Acc, class Value>
+__device__ void store_tile(Out* tile, std::int64_t ld, int rows, int cols, bool pairs_aligned, Value value) {
+  constexpr wmmae::CoreLayout L = wmmae::fragment_traits<Acc>::layout;
+  static_assert(L.run == 2 && !L.transposed, "store_tile expects row pairs");
+  const int lane = wmmae::lane_id();
+  wmmae::detail::static_for<0, L.num_elements / 2>([&](auto pair_index) {
+    constexpr int x = 2 * decltype(pair_index)::value;
+    const wmmae::RowCol rc = L.at(lane, x);
+    if (rc.row >= rows) return;
+    Out* p = tile + rc.row * ld + rc.col;
+    const Out lo = from_float<Out>(value(x, rc.row, rc.col)), hi = from_float<Out>(value(x + 1, rc.row, rc.col + 1));
+    if (pairs_aligned && rc.col + 1 < cols) {
+      typename Pair<Out>::type pair;
+      pair.x = lo;
+      pair.y = hi;
+      store_streaming(reinterpret_cast<typename Pair<Out>::type*>(p), pair);
+    } else {
+      if (rc.col < cols) store_streaming(p, lo);
+      if (rc.col + 1 < cols) store_streaming(p + 1, hi);
+    }
+  });
+}
+
+template <class In>
+__device__ inline float load_float(const In* p) { return static_cast<float>(*p); }
+
+// Three bf16 terms of an fp32 value (exact for normal values); non-finite values keep all in term 0.
+__device__ inline void split_bf16x3(float v, __nv_bfloat16 (&t)[3]) {
+  t[0] = __float2bfloat16_rn(v);
+  const float r1 = v - __bfloat162float(t[0]);
+  t[1] = __float2bfloat16_rn(r1);
+  t[2] = __float2bfloat16_rn(r1 - __bfloat162float(t[1]));
+}
+
+template <class In, class Out>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) batched_outer_kernel(OuterArgs args) {
+  constexpr bool kSplitFp32 = std::is_same<In, float>::value;
+  using FragT = typename std::conditional<std::is_same<In, __half>::value, __half, __nv_bfloat16>::type;
+  using FragA = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, FragT, wmma::row_major>;
+  using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, FragT, wmma::row_major>;
+  using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
+
+  const In* u = static_cast<const In*>(args.u);
+  const In* v = static_cast<const In*>(args.v);
+  Out* out = static_cast<Out*>(args.out);
+  // Lambdas below capture locals, not `args`: capturing the kernel parameter would copy it to the stack.
+  const int n = args.n, tps = args.tiles_per_side;
+  const std::int64_t u_stride = args.u_stride, v_stride = args.v_stride;
+  const std::int64_t tiles_per_batch = static_cast<std::int64_t>(tps) * tps;
+  const std::int64_t total = args.batch * tiles_per_batch;
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const std::int64_t num_warps = static_cast<std::int64_t>(gridDim.x) * blockDim.x / 32;
+  const bool pairs_aligned = n % 2 == 0 && reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(Out)) == 0;
+
+  for (std::int64_t t = warp; t < total; t += num_warps) {
+    const std::int64_t b = t / tiles_per_batch;
+    const int ti = static_cast<int>((t % tiles_per_batch) / tps), tj = static_cast<int>(t % tps);
+    const int rows = min(kTile, n - ti * kTile), cols = min(kTile, n - tj * kTile);
+    const In* ub = u + b * args.u_batch_stride + static_cast<std::int64_t>(ti) * kTile * u_stride;
+    const In* vb = v + b * args.v_batch_stride + static_cast<std::int64_t>(tj) * kTile * v_stride;
+    Out* tile = out + (b * n + static_cast<std::int64_t>(ti) * kTile) * n + static_cast<std::int64_t>(tj) * kTile;
+    const float diagonal = ti == tj ? args.alpha : 0.0f;
+
+    Acc c;
+    wmmae::make_identity(c, diagonal);
+    FragA a;
+    FragB bf;
+    if constexpr (!kSplitFp32) {
+      wmmae::load_vector(a, ub, rows, 1.0f, u_stride);
+      wmmae::load_vector(bf, vb, cols, 1.0f, v_stride);
+    } else {
+      // Term pairs (a, b) of u_a v_b^T along k: k = 3a + b for k < 9, zero beyond.
+      bool finite = true;
+      wmmae::foreach_ij(a, [&](auto xs, int i, int k) {
+        const float x = i < rows ? load_float(ub + i * u_stride) : 0.0f;
+        finite &= isfinite(x);
+        __nv_bfloat16 terms[3];
+        split_bf16x3(x, terms);
+        wmmae::assign(a, xs, k < 9 ? terms[k / 3] : __float2bfloat16_rn(0.0f));
+      });
+      wmmae::foreach_ij(bf, [&](auto xs, int k, int j) {
+        const float y = j < cols ? load_float(vb + j * v_stride) : 0.0f;
+        finite &= isfinite(y);
+        __nv_bfloat16 terms[3];
+        split_bf16x3(y, terms);
+        wmmae::assign(bf, xs, k < 9 ? terms[k % 3] : __float2bfloat16_rn(0.0f));
+      });
+      if (__any_sync(0xffffffffu, !finite)) {
+        store_tile<Out, Acc>(tile, n, rows, cols, pairs_aligned, [&](int, int i, int j) {
+          const float x = i < rows ? load_float(ub + i * u_stride) : 0.0f;
+          const float y = j < cols ? load_float(vb + j * v_stride) : 0.0f;
+          return x * y + (i == j ? diagonal : 0.0f);
+        });
+        continue;
+      }
+    }
+    wmma::mma_sync(c, a, bf, c);
+    store_tile<Out, Acc>(tile, n, rows, cols, pairs_aligned, [&](int x, int, int) { return c.x[x]; });
+  }
+}
+
+template <class In, class Out>
+void launch(const OuterArgs& args, cudaStream_t stream) {
+  const std::int64_t total_tiles = args.batch * args.tiles_per_side * args.tiles_per_side;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // A grid-stride loop over tiles: enough blocks to fill every SM several times over.
+  const std::int64_t wanted = (total_tiles + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, static_cast<std::int64_t>(sms) * 16));
+  batched_outer_kernel<In, Out><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <class In>
+void dispatch_out(const OuterArgs& args, at::ScalarType out_dtype, cudaStream_t stream) {
+  switch (out_dtype) {
+    case at::kFloat: return launch<In, float>(args, stream);
+    case at::kHalf: return launch<In, __half>(args, stream);
+    default: return launch<In, __nv_bfloat16>(args, stream);
+  }
+}
+
+at::Tensor batched_outer_cuda(const at::Tensor& u, const std::optional<at::Tensor>& v_opt, double alpha,
+                              std::optional<at::ScalarType> out_dtype) {
+  const BatchedOuterArgs checked = check_batched_outer(u, v_opt, out_dtype);
+  TORCH_CHECK(u.is_cuda(), "batched_outer: argument 'u' must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(u.device());
+  const std::int64_t n = u.size(-1);
+  at::Tensor out = at::empty(batched_outer_shape(u), u.options().dtype(checked.out_dtype));
+  if (out.numel() == 0) return out;
+  TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8,
+              "batched_outer: the CUDA kernel needs compute capability 8.0 or newer");
+  TORCH_CHECK(n <= (1 << 30), "batched_outer: n = ", n, " is too large");
+  // (batch, n) views: a view whenever the batch dimensions allow it, a copy of the (small) inputs otherwise.
+  const at::Tensor u2 = u.reshape({-1, n});
+  const at::Tensor v2 = checked.v.reshape({-1, n});
+  OuterArgs args{u2.data_ptr(), v2.data_ptr(), u2.stride(0), u2.stride(1), v2.stride(0), v2.stride(1), out.data_ptr(),
+                 u2.size(0), static_cast<int>(n), static_cast<int>((n + kTile - 1) / kTile), static_cast<float>(alpha)};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  switch (u.scalar_type()) {
+    case at::kHalf: dispatch_out<__half>(args, checked.out_dtype, stream); break;
+    case at::kBFloat16: dispatch_out<__nv_bfloat16>(args, checked.out_dtype, stream); break;
+    default: dispatch_out<float>(args, checked.out_dtype, stream); break;
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(wmmae, CUDA, m) { m.impl("batched_outer", &batched_outer_cuda); }
+
+}  // namespace wmmae_ops

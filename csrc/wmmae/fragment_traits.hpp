@@ -1,0 +1,65 @@
+// fragment_traits<nvcuda::wmma::fragment<...>>: the fragment's use, shape, element type and its layout
+// descriptor from layout.hpp for the architecture being compiled (__CUDA_ARCH__).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <type_traits>
+
+#include "layout.hpp"
+
+namespace wmmae {
+namespace detail {
+
+template <class T> struct elem_of;
+template <> struct elem_of<__half> { static constexpr Elem value = Elem::half; };
+template <> struct elem_of<__nv_bfloat16> { static constexpr Elem value = Elem::bf16; };
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // <mma.h> has tf32 fragments on sm_80+ only
+template <> struct elem_of<nvcuda::wmma::precision::tf32> { static constexpr Elem value = Elem::tf32; };
+#endif
+template <> struct elem_of<float> { static constexpr Elem value = Elem::f32; };
+template <> struct elem_of<double> { static constexpr Elem value = Elem::f64; };
+template <> struct elem_of<signed char> { static constexpr Elem value = Elem::s8; };
+template <> struct elem_of<unsigned char> { static constexpr Elem value = Elem::u8; };
+template <> struct elem_of<int> { static constexpr Elem value = Elem::s32; };
+
+template <class U> struct use_of;
+template <> struct use_of<nvcuda::wmma::matrix_a> { static constexpr Use value = Use::matrix_a; };
+template <> struct use_of<nvcuda::wmma::matrix_b> { static constexpr Use value = Use::matrix_b; };
+template <> struct use_of<nvcuda::wmma::accumulator> { static constexpr Use value = Use::accumulator; };
+
+template <class L> struct order_of { static constexpr Order value = Order::none; };
+template <> struct order_of<nvcuda::wmma::row_major> { static constexpr Order value = Order::row_major; };
+template <> struct order_of<nvcuda::wmma::col_major> { static constexpr Order value = Order::col_major; };
+
+// The layout family of the architecture this pass compiles for. The host pass (no __CUDA_ARCH__) sees the
+// sm_80 table, which only host-side code such as static_asserts reads.
+WMMAE_HD constexpr CoreLayout compiled_layout(Use use, int m, int n, int k, Elem elem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return sm75_layout(use, m, n, k, elem);
+#else
+  return sm80_layout(use, m, n, k, elem);
+#endif
+}
+
+}  // namespace detail
+
+template <class Frag> struct fragment_traits;
+
+template <class U, int M, int N, int K, class T, class L>
+struct fragment_traits<nvcuda::wmma::fragment<U, M, N, K, T, L>> {
+  using fragment_type = nvcuda::wmma::fragment<U, M, N, K, T, L>;
+  using storage_type = typename fragment_type::storage_element_type;  // type of frag.x[i]
+  static constexpr Use use = detail::use_of<U>::value;
+  static constexpr Elem elem = detail::elem_of<T>::value;
+  static constexpr Order order = detail::order_of<L>::value;
+  static constexpr int m = M, n = N, k = K;
+  static constexpr CoreLayout layout = detail::compiled_layout(use, M, N, K, elem);
+  static_assert(layout.num_elements == fragment_type::num_elements,
+                "wmmae: the layout of this fragment type is not known for the architecture being compiled "
+                "(measure it with fragment_map(..., device='cuda') and add it to csrc/wmmae/layout.hpp)");
+};
+
+}  // namespace wmmae

@@ -1,0 +1,266 @@
+// Fragment primitives built on the layout descriptors: fragments made and read in registers, without
+// going through memory. Every function here is warp-collective: all 32 lanes of a warp call it together
+// (as for nvcuda::wmma::load_matrix_sync), with the same arguments except where noted.
+//
+// Loops run over compile-time element indices, so each lane's (row, col) arithmetic folds to a few
+// integer operations on its lane id and the fragment's registers are never indexed at run time.
+#pragma once
+
+#include <type_traits>
+
+#include "fragment_traits.hpp"
+
+namespace wmmae {
+
+// ------------------------------------------------------------------------------------------------------
+// Small helpers
+// ------------------------------------------------------------------------------------------------------
+
+__device__ inline int lane_id() {
+  unsigned lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return static_cast<int>(lane);
+}
+
+// Explicit conversions between element types (PyTorch builds with __CUDA_NO_HALF_CONVERSIONS__, so the
+// 16-bit types never convert implicitly). 16-bit results are rounded to nearest.
+template <class T> __device__ inline float to_float(T v) { return static_cast<float>(v); }
+template <> __device__ inline float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class To, class From>
+__device__ inline To convert(From v) {
+  if constexpr (std::is_same<To, From>::value) {
+    return v;
+  } else if constexpr (std::is_same<To, __half>::value) {
+    return __float2half_rn(to_float(v));
+  } else if constexpr (std::is_same<To, __nv_bfloat16>::value) {
+    return __float2bfloat16_rn(to_float(v));
+  } else if constexpr (std::is_same<From, __half>::value || std::is_same<From, __nv_bfloat16>::value) {
+    return static_cast<To>(to_float(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+namespace detail {
+
+// Calls f(std::integral_constant<int, I>) for I = Begin .. End-1: the index is a compile-time constant in
+// f's body, so fragment registers are never indexed at run time (which would move them to local memory).
+template <int Begin, int End, class F>
+__device__ inline void static_for(F&& f) {
+  if constexpr (Begin < End) {
+    f(std::integral_constant<int, Begin>{});
+    static_for<Begin + 1, End>(f);
+  }
+}
+
+}  // namespace detail
+
+// The fragment element indices that hold one tile element: First, First + Period, ... (Count of them;
+// more than one where the fragment repeats its elements, e.g. half m16n16k16 operands on sm_80+).
+template <int First, int Period, int Count>
+struct ElementIndices {
+  static constexpr int first = First;
+  static constexpr int count = Count;
+  WMMAE_HD static constexpr int x(int c) { return First + c * Period; }
+};
+
+template <class Frag, int First, int Period, int Count, class V>
+__device__ inline void assign(Frag& frag, ElementIndices<First, Period, Count>, V value) {
+  detail::static_for<0, Count>([&](auto c) { frag.x[First + decltype(c)::value * Period] = value; });
+}
+
+// A partial tile: elements at row >= rows or col >= cols are outside the matrix.
+struct TileBounds {
+  int rows;
+  int cols;
+  __device__ bool contains(int i, int j) const { return i < rows && j < cols; }
+};
+
+// ------------------------------------------------------------------------------------------------------
+// foreach / foreach_ij / map
+// ------------------------------------------------------------------------------------------------------
+
+// f(x, i, j) for every element x of this lane's fragment (repeated elements included): (i, j) is the
+// element's position in the tile.
+template <class Frag, class F>
+__device__ inline void foreach(const Frag&, F&& f) {
+  constexpr CoreLayout L = fragment_traits<Frag>::layout;
+  const int lane = lane_id();
+  detail::static_for<0, L.num_elements>([&](auto x) {
+    const RowCol rc = L.at(lane, decltype(x)::value);
+    f(decltype(x)::value, rc.row, rc.col);
+  });
+}
+
+// f(xs, i, j) once for every distinct tile element (i, j) this lane holds; xs (an ElementIndices) lists
+// the fragment element indices that hold it. Write the callback as a generic lambda: [&](auto xs, int i, int j).
+template <class Frag, class F>
+__device__ inline void foreach_ij(const Frag&, F&& f) {
+  constexpr CoreLayout L = fragment_traits<Frag>::layout;
+  const int lane = lane_id();
+  detail::static_for<0, L.period()>([&](auto u) {
+    const RowCol rc = L.at(lane, decltype(u)::value);
+    f(ElementIndices<decltype(u)::value, L.period(), L.copies()>{}, rc.row, rc.col);
+  });
+}
+
+// Which (lane, x) pairs hold tile element (i, j): the inverse of foreach_ij. Host and device.
+template <class Frag>
+WMMAE_HD constexpr Holders map(int i, int j) {
+  constexpr CoreLayout L = fragment_traits<Frag>::layout;  // a local copy: device code may not odr-use the member
+  return holders_of(L, i, j);
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Fragments made in registers
+// ------------------------------------------------------------------------------------------------------
+
+template <class Frag>
+__device__ inline void fill_zero(Frag& frag) {
+  using S = typename fragment_traits<Frag>::storage_type;
+#pragma unroll
+  for (int x = 0; x < Frag::num_elements; ++x) frag.x[x] = convert<S>(0.0f);
+}
+
+// alpha * I (paper section 4.2): for accumulators (alpha*I + A*B in one mma) and for operands.
+template <class Frag>
+__device__ inline void make_identity(Frag& frag, float alpha) {
+  using S = typename fragment_traits<Frag>::storage_type;
+  const S diagonal = convert<S>(alpha), zero = convert<S>(0.0f);
+  foreach_ij(frag, [&](auto xs, int i, int j) { assign(frag, xs, i == j ? diagonal : zero); });
+}
+
+// Where a vector goes in a tile: its first column (element i at (i, 0)) or its first row (at (0, i)).
+enum class VectorAs { column0, row0 };
+
+// The natural placement: the first column of A and the first row of B, so that A*B = u v^T.
+template <class Frag>
+constexpr VectorAs default_vector_placement() {
+  return fragment_traits<Frag>::use == Use::matrix_b ? VectorAs::row0 : VectorAs::column0;
+}
+
+// The tile with ptr[0..count) * scale in its first column (or row) and zeros elsewhere, without a
+// zero-padded tile in memory (paper section 4.1). Element e is read at ptr[e * stride]; elements past
+// `count` are zero; only the lanes that hold the vector read memory, with no alignment requirement.
+template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>()>
+__device__ inline void load_vector(Frag& frag, const T* ptr, int count, float scale = 1.0f, long long stride = 1) {
+  using S = typename fragment_traits<Frag>::storage_type;
+  const S zero = convert<S>(0.0f);
+  foreach_ij(frag, [&](auto xs, int i, int j) {
+    const int along = Placement == VectorAs::column0 ? i : j;
+    const int across = Placement == VectorAs::column0 ? j : i;
+    S value = zero;
+    if (across == 0 && along < count) value = convert<S>(to_float(ptr[along * stride]) * scale);
+    assign(frag, xs, value);
+  });
+}
+
+// Writes the first column (or row) of a fragment to ptr[0..count): each element once.
+template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>()>
+__device__ inline void store_vector(T* ptr, const Frag& frag, int count, float scale = 1.0f) {
+  foreach_ij(frag, [&](auto xs, int i, int j) {
+    const int along = Placement == VectorAs::column0 ? i : j;
+    const int across = Placement == VectorAs::column0 ? j : i;
+    if (across == 0 && along < count) ptr[along] = convert<T>(to_float(frag.x[xs.first]) * scale);
+  });
+}
+
+// ------------------------------------------------------------------------------------------------------
+// load_matrix_with_op (paper sections 4.3 and 4.4)
+// ------------------------------------------------------------------------------------------------------
+
+namespace detail {
+
+template <class Frag, class... Frags>
+struct same_layout {
+  static constexpr CoreLayout a = fragment_traits<Frag>::layout;
+  static constexpr bool value = true;
+};
+template <class Frag, class Next, class... Rest>
+struct same_layout<Frag, Next, Rest...> {
+  static constexpr CoreLayout a = fragment_traits<Frag>::layout, b = fragment_traits<Next>::layout;
+  static constexpr bool value = a.rows == b.rows && a.cols == b.cols && a.run == b.run &&
+                                a.transposed == b.transposed && a.num_cores == b.num_cores &&
+                                a.num_elements == b.num_elements && same_layout<Next, Rest...>::value;
+};
+
+template <class Frag, class T, class Op, class... Frags>
+__device__ inline void load_with_op(const T* ptr, unsigned ldm, bool row_major_memory, const TileBounds* bounds,
+                                    T fill, Op&& op, Frag& first, Frags&... rest) {
+  static_assert(same_layout<Frag, Frags...>::value,
+                "load_matrices_with_op: all fragments must share one register layout");
+  foreach_ij(first, [&](auto xs, int i, int j) {
+    T value = fill;
+    if (bounds == nullptr || bounds->contains(i, j)) {
+      value = ptr[row_major_memory ? static_cast<long long>(i) * ldm + j : static_cast<long long>(j) * ldm + i];
+    }
+    op(value, i, j, xs, first, rest...);
+  });
+}
+
+template <class Frag>
+__device__ constexpr bool operand_row_major() {
+  static_assert(fragment_traits<Frag>::order != Order::none,
+                "accumulators have no memory layout of their own: pass nvcuda::wmma::layout_t");
+  return fragment_traits<Frag>::order == Order::row_major;
+}
+
+}  // namespace detail
+
+// Multi-fragment form: the address of each element is computed once, and
+// op(value, i, j, xs, frags...) fills all fragments at element indices xs (e.g. hi and lo parts of a
+// split). The memory layout is the fragments' own (row_major/col_major operands). Any ldm, any alignment.
+template <class T, class Op, class Frag, class... Frags>
+__device__ inline void load_matrices_with_op(const T* ptr, unsigned ldm, Op&& op, Frag& first, Frags&... rest) {
+  detail::load_with_op(ptr, ldm, detail::operand_row_major<Frag>(), nullptr, T(), op, first, rest...);
+}
+
+// The same for a partial tile: elements outside `bounds` are not read; op sees `fill` for them.
+template <class T, class Op, class Frag, class... Frags>
+__device__ inline void load_matrices_with_op(const T* ptr, unsigned ldm, TileBounds bounds, T fill, Op&& op,
+                                             Frag& first, Frags&... rest) {
+  detail::load_with_op(ptr, ldm, detail::operand_row_major<Frag>(), &bounds, fill, op, first, rest...);
+}
+
+// Single-fragment form: frag's element (i, j) = op(memory value at (i, j)).
+template <class Frag, class T, class Op>
+__device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, Op&& op) {
+  using S = typename fragment_traits<Frag>::storage_type;
+  load_matrices_with_op(ptr, ldm, [&](T v, int, int, auto xs, Frag& f) {
+    assign(f, xs, convert<S>(op(v)));
+  }, frag);
+}
+
+template <class Frag, class T, class Op>
+__device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, TileBounds bounds, T fill,
+                                           Op&& op) {
+  using S = typename fragment_traits<Frag>::storage_type;
+  load_matrices_with_op(ptr, ldm, bounds, fill, [&](T v, int, int, auto xs, Frag& f) {
+    assign(f, xs, convert<S>(op(v)));
+  }, frag);
+}
+
+// Accumulators: the memory layout is given, as for load_matrix_sync.
+template <class Frag, class T, class Op>
+__device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, nvcuda::wmma::layout_t layout,
+                                           Op&& op) {
+  using S = typename fragment_traits<Frag>::storage_type;
+  detail::load_with_op(ptr, ldm, layout == nvcuda::wmma::mem_row_major, nullptr, T(), [&](T v, int, int,
+                       auto xs, Frag& f) { assign(f, xs, convert<S>(op(v))); }, frag);
+}
+
+// Stores the elements of a fragment that lie inside `bounds`, each once, through op(value, i, j) -> T.
+template <class Frag, class T, class Op>
+__device__ inline void store_matrix_with_op(T* ptr, const Frag& frag, unsigned ldm, nvcuda::wmma::layout_t layout,
+                                            TileBounds bounds, Op&& op) {
+  foreach_ij(frag, [&](auto xs, int i, int j) {
+    if (!bounds.contains(i, j)) return;
+    const long long offset =
+        layout == nvcuda::wmma::mem_row_major ? static_cast<long long>(i) * ldm + j : static_cast<long long>(j) * ldm + i;
+    ptr[offset] = op(frag.x[xs.first], i, j);
+  });
+}
+
+}  // namespace wmmae

@@ -1,0 +1,89 @@
+"""Shared helpers of the torch_wmmae test suite.
+
+Every test that can run on both backends takes the ``device`` fixture (or parametrizes over ``DEVICES``):
+"cpu" always, "cuda" when a GPU is present, so that the same tests check the CUDA kernels on a GPU machine.
+Random inputs come from a ``torch.Generator`` seeded per test (from the test's id), so every test draws its
+own data and a failure reproduces exactly.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+import torch_wmmae  # noqa: F401  (registers torch.ops.wmmae)
+
+HAS_CUDA = torch.cuda.is_available()
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+# "cuda" is listed everywhere and skipped without a GPU (not silently dropped), so the test ids are the same
+# on every machine.
+DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])]
+
+# Unit roundoff of float32 (half an ulp of 1.0).
+U32 = 2.0 ** -24
+
+
+def pytest_configure(config):
+    # Raised inside torch (opcheck / torch.compile internals), not by this package.
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+def _seed_from(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "little")
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A seed of its own for every test (and parametrization): the hash of the test id."""
+    return _seed_from(request.node.nodeid)
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    """A CPU generator seeded for this test; draw on the CPU, then move to the device."""
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def ieee_fp32():
+    """torch.matmul in true float32 on the GPU (no TF32): the accuracy baseline of corrected_matmul."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved[0]
+    torch.set_float32_matmul_precision(saved[1])
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F, computed in float64."""
+    out = out.detach().double()
+    ref = ref.detach().double().to(out.device)
+    den = torch.linalg.vector_norm(ref).item()
+    num = torch.linalg.vector_norm(out - ref).item()
+    return num / den if den > 0 else num
+
+
+def random_tensor(gen: torch.Generator, shape, dist: str = "normal", device="cpu", dtype=torch.float32):
+    """Fresh random data: "uniform" U(-1, 1), "normal" N(0, 1), "positive" U(0, 1)."""
+    if dist == "uniform":
+        t = torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1
+    elif dist == "normal":
+        t = torch.randn(shape, generator=gen, dtype=torch.float64)
+    elif dist == "positive":
+        t = torch.rand(shape, generator=gen, dtype=torch.float64)
+    else:
+        raise ValueError(dist)
+    return t.to(dtype).to(device)
+
+
+def random_signs(gen: torch.Generator, shape) -> torch.Tensor:
+    return torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0).double()

@@ -1,0 +1,207 @@
+// Test-only operators for the device library (built by tests/test_device_library.py on a GPU machine).
+// wmmae_test::check(use, m, n, k, dtype, layout, seed) runs every primitive against its plain-WMMA
+// equivalent for one fragment type and returns (errors [kNumChecks] int32, compile-time map [32, num, 2]).
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/library.h>
+
+#include "ops/fragment_dispatch.cuh"
+#include "wmmae/wmmae.hpp"
+
+namespace {
+
+using namespace nvcuda;
+using wmmae::Order;
+using wmmae::Use;
+
+enum Check {
+  kForeachIjCoverage,   // foreach_ij visits every (i, j) as often as map() says
+  kMapInverse,          // every holder map() names holds (i, j) according to foreach
+  kLoadWithOpIdentity,  // load_matrix_with_op(identity) == load_matrix_sync
+  kPartialOddLdm,       // bounded load at odd ldm and unaligned base == load_matrix_sync of a padded copy
+  kLoadVector,          // load_vector == load_matrix_sync of a zero-padded tile
+  kMakeIdentity,        // make_identity == load_matrix_sync of alpha*I
+  kStoreWithOp,         // store_matrix_with_op (bounded) == store_matrix_sync (accumulators)
+  kMultiLoad,           // load_matrices_with_op into two fragments == two single loads
+  kNumChecks
+};
+
+constexpr int kLd = 40;  // aligned leading dimension of the reference tiles (multiple of 8 elements)
+
+__device__ unsigned hash(unsigned x) {
+  x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+  return x;
+}
+// Small integers: exact in every fragment type.
+template <class Mem> __device__ Mem value_at(unsigned seed, int idx) {
+  return wmmae::convert<Mem>(static_cast<float>(static_cast<int>(hash(seed * 7919u + idx) % 15u)) - 7.0f);
+}
+template <> __device__ unsigned char value_at<unsigned char>(unsigned seed, int idx) {
+  return static_cast<unsigned char>(hash(seed * 7919u + idx) % 15u);
+}
+template <class Mem> __device__ Mem from_int(int v) { return wmmae::convert<Mem>(static_cast<float>(v)); }
+template <class S> __device__ float as_float(S v) { return wmmae::to_float(v); }
+
+template <class Frag>
+__device__ int count_mismatch(const Frag& a, const Frag& b) {
+  int bad = 0;
+#pragma unroll
+  for (int x = 0; x < Frag::num_elements; ++x) bad += as_float(a.x[x]) != as_float(b.x[x]);
+  return bad;
+}
+
+template <class Frag, class Mem>
+__device__ void load_ref(Frag& f, const Mem* p, unsigned ldm) {
+  if constexpr (wmmae::fragment_traits<Frag>::use == Use::accumulator) wmma::load_matrix_sync(f, p, ldm, wmma::mem_row_major);
+  else wmma::load_matrix_sync(f, p, ldm);
+}
+
+template <class Frag, class Mem>
+__global__ void check_kernel(unsigned seed, int* errors, int* table) {
+  using Tr = wmmae::fragment_traits<Frag>;
+  constexpr wmmae::CoreLayout L = Tr::layout;
+  constexpr bool kRowMajor = Tr::order != Order::col_major;
+  constexpr int R = L.rows, C = L.cols;
+  __shared__ __align__(32) Mem tile[kLd * kLd];
+  __shared__ __align__(32) Mem odd[kLd * kLd + 8];
+  __shared__ int visits[32 * 32];
+  const int lane = threadIdx.x;
+  int err[kNumChecks] = {};
+  auto at = [](int i, int j) { return kRowMajor ? i * kLd + j : j * kLd + i; };
+
+  // Compile-time map, as the device sees it.
+  Frag f0;
+  wmmae::foreach(f0, [&](int x, int i, int j) {
+    table[(lane * L.num_elements + x) * 2] = i;
+    table[(lane * L.num_elements + x) * 2 + 1] = j;
+  });
+
+  // foreach_ij coverage and map() as its inverse.
+  for (int i = lane; i < 32 * 32; i += 32) visits[i] = 0;
+  __syncwarp();
+  wmmae::foreach_ij(f0, [&](auto xs, int i, int j) {
+    atomicAdd(&visits[i * 32 + j], xs.count);
+    for (int c = 0; c < xs.count; ++c) {
+      const wmmae::RowCol rc = L.at(lane, xs.x(c));
+      err[kForeachIjCoverage] += rc.row != i || rc.col != j;
+    }
+  });
+  __syncwarp();
+  for (int idx = lane; idx < R * C; idx += 32) {
+    const int i = idx / C, j = idx % C;
+    const wmmae::Holders h = wmmae::map<Frag>(i, j);
+    err[kForeachIjCoverage] += visits[i * 32 + j] != h.count || h.count == 0;
+    for (int c = 0; c < h.count; ++c) {
+      const wmmae::RowCol rc = L.at(h.lane[c], h.x[c]);
+      err[kMapInverse] += rc.row != i || rc.col != j;
+    }
+  }
+
+  // load_matrix_with_op(identity) == load_matrix_sync, on random values.
+  for (int idx = lane; idx < kLd * kLd; idx += 32) tile[idx] = value_at<Mem>(seed, idx);
+  __syncwarp();
+  Frag ref, got, got2;
+  load_ref(ref, tile, kLd);
+  if constexpr (Tr::use == Use::accumulator) {
+    wmmae::load_matrix_with_op(got, tile, kLd, wmma::mem_row_major, [](Mem v) { return v; });
+  } else {
+    wmmae::load_matrix_with_op(got, tile, kLd, [](Mem v) { return v; });
+  }
+  err[kLoadWithOpIdentity] += count_mismatch(ref, got);
+
+  // Partial tile at an odd ldm from an unaligned base: equals load_matrix_sync of a padded aligned copy.
+  const int ldm_odd = (kRowMajor ? C : R) + 3;
+  const int rows = R - 3, cols = C - 5 > 0 ? C - 5 : 1;
+  const Mem fill = from_int<Mem>(5);
+  Mem* src = odd + 1;
+  for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = value_at<Mem>(seed + 1, idx);
+  __syncwarp();
+  for (int idx = lane; idx < kLd * kLd; idx += 32) {
+    const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+    tile[idx] = (i < rows && j < cols) ? src[kRowMajor ? i * ldm_odd + j : j * ldm_odd + i] : fill;
+  }
+  __syncwarp();
+  load_ref(ref, tile, kLd);
+  if constexpr (Tr::use != Use::accumulator) {
+    wmmae::load_matrix_with_op(got, static_cast<const Mem*>(src), ldm_odd, wmmae::TileBounds{rows, cols}, fill,
+                               [](Mem v) { return v; });
+    err[kPartialOddLdm] += count_mismatch(ref, got);
+    // Multi-fragment form: two fragments from one pass.
+    wmmae::load_matrices_with_op(static_cast<const Mem*>(src), ldm_odd, wmmae::TileBounds{rows, cols}, fill,
+                                 [](Mem v, int, int, auto xs, Frag& a, Frag& b) {
+                                   wmmae::assign(a, xs, v);
+                                   wmmae::assign(b, xs, v);
+                                 }, got, got2);
+    err[kMultiLoad] += count_mismatch(ref, got) + count_mismatch(ref, got2);
+  }
+
+  // load_vector == zero-padded tile with the vector in its first column (A) / first row (B).
+  if constexpr (Tr::use != Use::accumulator) {
+    constexpr bool kColumn = Tr::use == Use::matrix_a;
+    const int count = (kColumn ? R : C) - 2;
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+      const int along = kColumn ? i : j, across = kColumn ? j : i;
+      tile[idx] = (across == 0 && along < count) ? src[along * 3] : from_int<Mem>(0);
+    }
+    __syncwarp();
+    load_ref(ref, tile, kLd);
+    wmmae::load_vector(got, static_cast<const Mem*>(src), count, 1.0f, 3);
+    err[kLoadVector] += count_mismatch(ref, got);
+  }
+
+  // make_identity == alpha * I loaded from memory.
+  __syncwarp();
+  for (int idx = lane; idx < kLd * kLd; idx += 32) {
+    const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+    tile[idx] = from_int<Mem>(i == j ? 3 : 0);
+  }
+  __syncwarp();
+  load_ref(ref, tile, kLd);
+  wmmae::make_identity(got, 3.0f);
+  err[kMakeIdentity] += count_mismatch(ref, got);
+
+  // Accumulators: bounded store_matrix_with_op == store_matrix_sync inside the bounds, untouched outside.
+  if constexpr (Tr::use == Use::accumulator) {
+    Frag acc;
+    wmmae::foreach(acc, [&](int x, int i, int j) { acc.x[x] = from_int<Mem>((i * 5 + j * 3 + static_cast<int>(seed % 1000u)) % 23 - 11); });
+    __syncwarp();
+    wmma::store_matrix_sync(tile, acc, kLd, wmma::mem_row_major);
+    for (int idx = lane; idx < kLd * kLd; idx += 32) odd[idx] = from_int<Mem>(99);
+    __syncwarp();
+    wmmae::store_matrix_with_op(odd, acc, kLd, wmma::mem_row_major, wmmae::TileBounds{rows, cols},
+                                [](Mem v, int, int) { return v; });
+    __syncwarp();
+    for (int idx = lane; idx < R * C; idx += 32) {
+      const int i = idx / C, j = idx % C;
+      const float expected = (i < rows && j < cols) ? as_float(tile[at(i, j)]) : 99.0f;
+      err[kStoreWithOp] += as_float(odd[at(i, j)]) != expected;
+    }
+  }
+  for (int c = 0; c < kNumChecks; ++c) atomicAdd(&errors[c], err[c]);
+}
+
+std::tuple<at::Tensor, at::Tensor> check(c10::string_view use, int64_t m, int64_t n, int64_t k, c10::string_view dtype,
+                                         std::optional<c10::string_view> layout, int64_t seed) {
+  const wmmae_ops::FragmentSpec spec = wmmae_ops::parse_fragment_spec(use, m, n, k, dtype, layout);
+  const wmmae::CoreLayout L = wmmae_ops::require_sm80_layout(spec);
+  const auto opts = at::TensorOptions().dtype(at::kInt).device(at::kCUDA);
+  at::Tensor errors = at::zeros({kNumChecks}, opts);
+  at::Tensor table = at::full({32, L.num_elements, 2}, -1, opts);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  wmmae_ops::dispatch_fragment(spec, [&](auto frag_tag, auto mem_tag) {
+    using Frag = typename decltype(frag_tag)::type;
+    using Mem = typename decltype(mem_tag)::type;
+    check_kernel<Frag, Mem><<<1, 32, 0, stream>>>(static_cast<unsigned>(seed), errors.data_ptr<int>(),
+                                                  table.data_ptr<int>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {errors, table};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(wmmae_test, m) {
+  m.def("check(str use, int m, int n, int k, str dtype, str? layout, int seed) -> (Tensor, Tensor)");
+  m.impl("check", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(check));
+}

@@ -1,0 +1,275 @@
+"""batched_outer(u, v=None, alpha=0, out_dtype=None) = u v^T + alpha I per batch index.
+
+Reference: the float64 product (exact for fp16/bf16 inputs: 11- or 8-bit significands multiply exactly),
+plus alpha on the diagonal, rounded once to the output dtype.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_wmmae import batched_outer
+
+from conftest import U32, random_tensor, requires_cuda
+
+LOW = [torch.float16, torch.bfloat16]
+SIZES = [1, 5, 16, 31, 48, 100, 256]
+BATCHES = [(), (7,), (3, 5)]
+
+
+def reference64(u: torch.Tensor, v: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    u64 = u.detach().cpu().double()
+    v64 = u64 if v is None else v.detach().cpu().double()
+    out = u64.unsqueeze(-1) * v64.unsqueeze(-2)
+    n = u.shape[-1]
+    alpha32 = float(torch.tensor(alpha, dtype=torch.float32))  # the op's alpha is a float32 value
+    return out + alpha32 * torch.eye(n, dtype=torch.float64)
+
+
+def ulp(x: torch.Tensor) -> torch.Tensor:
+    """The ulp of every element of x (in x's dtype), as float64."""
+    a = x.detach().cpu().abs()
+    return (torch.nextafter(a, torch.full_like(a, float("inf"))).double() - a.double())
+
+
+def diag_mask(shape, device="cpu") -> torch.Tensor:
+    n = shape[-1]
+    return torch.eye(n, dtype=torch.bool, device=device).expand(shape)
+
+
+def assert_rounded_reference(out, ref64, *, diag_ulps: int, offdiag_ulps: int):
+    """out == ref64 rounded once to out.dtype, up to the given number of ulps on/off the diagonal."""
+    out = out.cpu()
+    want = ref64.to(out.dtype)
+    if diag_ulps == 0 and offdiag_ulps == 0:
+        assert torch.equal(out, want), f"max |diff| {(out.double() - want.double()).abs().max().item():.3e}"
+        return
+    diff = (out.double() - want.double()).abs()
+    on = diag_mask(out.shape)
+    tol = torch.where(on, diag_ulps * ulp(want), offdiag_ulps * ulp(want))
+    assert (diff <= tol).all(), f"max diff {diff.max().item():.3e}"
+
+
+def gpu(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch", BATCHES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_low_precision_inputs_exact(device, gen, dtype, n, batch):
+    """fp16/bf16 inputs, alpha = 0: every element is one exact product rounded once to float32: exact."""
+    u = random_tensor(gen, (*batch, n), "normal", device, dtype)
+    v = random_tensor(gen, (*batch, n), "normal", device, dtype)
+    out = batched_outer(u, v)
+    assert out.shape == (*batch, n, n) and out.dtype == torch.float32 and out.is_contiguous()
+    assert out.device == u.device
+    assert_rounded_reference(out, reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
+
+
+@pytest.mark.parametrize("batch", BATCHES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_low_precision_inputs_with_alpha(device, gen, dtype, n, batch):
+    """alpha != 0: off-diagonal elements stay exact; the diagonal u_i v_i + alpha is rounded once (exact on
+    the CPU; the tensor core rounds that sum itself, so 1 float32 ulp is allowed on the GPU)."""
+    u = random_tensor(gen, (*batch, n), "normal", device, dtype)
+    v = random_tensor(gen, (*batch, n), "normal", device, dtype)
+    alpha = float(torch.randn((), generator=gen, dtype=torch.float64)) * 3.7
+    out = batched_outer(u, v, alpha=alpha)
+    assert out.dtype == torch.float32
+    assert_rounded_reference(out, reference64(u, v, alpha), diag_ulps=1 if gpu(device) else 0, offdiag_ulps=0)
+
+
+@pytest.mark.parametrize("batch", [(), (7,), (3, 5)], ids=str)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("alpha", [0.0, -1.25])
+def test_float32_inputs(device, gen, n, batch, alpha):
+    """fp32 inputs: within a few float32 ulps of the product: |out - ref| <= 4 u (|u_i v_j| + |alpha| d_ij)."""
+    u = random_tensor(gen, (*batch, n), "normal", device)
+    v = random_tensor(gen, (*batch, n), "normal", device)
+    out = batched_outer(u, v, alpha=alpha)
+    assert out.dtype == torch.float32 and out.shape == (*batch, n, n)
+    ref = reference64(u, v, alpha)
+    scale = reference64(u.abs(), v.abs(), abs(alpha))
+    err = (out.cpu().double() - ref).abs()
+    assert (err <= 4 * U32 * scale + 2.0**-126).all(), f"max err/scale {(err / scale).max().item():.3e}"
+    if not gpu(device):  # the CPU computes in float64 and rounds once: correctly rounded
+        assert torch.equal(out.cpu(), ref.float())
+
+
+@pytest.mark.parametrize("n", [1, 16, 31, 100])
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+@pytest.mark.parametrize("out_dtype", LOW, ids=str)
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_low_precision_out_dtype(device, gen, in_dtype, out_dtype, alpha, n):
+    """out_dtype fp16/bf16: the float64 reference rounded once to out_dtype (1 ulp allowed on the GPU)."""
+    u = random_tensor(gen, (6, n), "normal", device, in_dtype)
+    v = random_tensor(gen, (6, n), "normal", device, in_dtype)
+    out = batched_outer(u, v, alpha=alpha, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (6, n, n) and out.is_contiguous()
+    ulps = 1 if gpu(device) else 0
+    assert_rounded_reference(out, reference64(u, v, alpha), diag_ulps=ulps, offdiag_ulps=ulps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_alpha_added_exactly_once_on_the_diagonal(device, gen, dtype):
+    """Small non-zero integers: every product and every sum is exact in any precision, so the result must be
+    u v^T + alpha I exactly on every device (alpha added once, and only on the diagonal)."""
+    n = 48
+    vals = torch.randint(1, 9, (4, n), generator=gen) * torch.where(torch.rand(4, n, generator=gen) < 0.5, -1, 1)
+    u = vals.to(dtype).to(device)
+    v = vals.flip(-1).to(dtype).to(device)
+    alpha = 0.75
+    out = batched_outer(u, v, alpha=alpha)
+    expected = (vals.double().unsqueeze(-1) * vals.flip(-1).double().unsqueeze(-2) + alpha * torch.eye(n)).float()
+    assert torch.equal(out.cpu(), expected)
+    no_alpha = batched_outer(u, v)
+    assert torch.equal((out - no_alpha).cpu(), alpha * torch.eye(n).expand(4, n, n))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("alpha", [0.0, 2.5])
+def test_v_none_equals_v_u(device, gen, dtype, alpha):
+    u = random_tensor(gen, (5, 37), "normal", device, dtype)
+    a = batched_outer(u, alpha=alpha)
+    b = batched_outer(u, u.clone(), alpha=alpha)
+    if dtype == torch.float32:
+        # float32 products are not exact: compare both to the reference at the float32 tolerance.
+        scale = reference64(u.abs(), None, abs(alpha))
+        for out in (a, b):
+            assert ((out.cpu().double() - reference64(u, None, alpha)).abs() <= 4 * U32 * scale + 2.0**-126).all()
+    else:
+        assert torch.equal(a, b)
+    if not gpu(device):
+        assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Shapes and layouts
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "shape", [(0, 5), (3, 0, 4), (0,), (4, 0), (2, 3, 0)], ids=str
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_empty(device, dtype, shape):
+    u = torch.ones(shape, dtype=dtype, device=device)  # values are irrelevant: nothing to compute
+    out = batched_outer(u, alpha=1.0)
+    assert out.shape == (*shape, shape[-1])
+    assert out.numel() == 0 and out.dtype == torch.float32 and out.device == u.device
+
+
+def _strided_inputs(gen, device, dtype, case):
+    r = lambda *s: random_tensor(gen, s, "normal", device, dtype)  # noqa: E731
+    if case == "last_dim_strided":
+        return r(6, 80)[:, ::2], r(6, 120)[:, 1::3]
+    if case == "storage_offset":
+        return r(9, 50)[2:8, 5:45], r(7, 43)[1:, 3:]
+    if case == "transposed":
+        return r(40, 6).t(), r(40, 6).t()
+    if case == "batch_permuted":
+        return r(5, 40, 3).permute(2, 0, 1), r(3, 5, 40)
+    if case == "expanded_batch":
+        return r(1, 40).expand(4, 40), r(4, 40)
+    raise ValueError(case)
+
+
+@pytest.mark.parametrize("case", ["last_dim_strided", "storage_offset", "transposed", "batch_permuted", "expanded_batch"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_strided_inputs(device, gen, dtype, case):
+    u, v = _strided_inputs(gen, device, dtype, case)
+    assert not (u.is_contiguous() and v.is_contiguous())
+    out = batched_outer(u, v)
+    assert out.is_contiguous() and out.shape == (*u.shape, u.shape[-1])
+    assert_rounded_reference(out, reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
+    assert torch.equal(out, batched_outer(u.contiguous(), v.contiguous()))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Bad inputs
+# --------------------------------------------------------------------------------------------------------
+def _bad(device):
+    f = lambda *s, dtype=torch.float16: torch.randn(s, device=device).to(dtype)  # noqa: E731
+    return {
+        "u_0d": ((f(),), {}, r"argument 'u' must have shape \(\.\.\., n\)"),
+        "u_int": ((torch.ones(3, 4, dtype=torch.int32, device=device),), {}, r"argument 'u' must be float16, bfloat16 or float32"),
+        "u_float64": ((f(3, 4, dtype=torch.float64),), {}, r"argument 'u' must be float16, bfloat16 or float32"),
+        "shape": ((f(3, 4), f(3, 5)), {}, r"argument 'v' must have the shape of 'u'"),
+        "shape_batch": ((f(3, 4), f(2, 4)), {}, r"argument 'v' must have the shape of 'u'"),
+        "dtype": ((f(3, 4), f(3, 4, dtype=torch.bfloat16)), {}, r"argument 'v' must have the dtype of 'u'"),
+        "out_float64": ((f(3, 4),), {"out_dtype": torch.float64}, r"argument 'out_dtype' must be float32, float16 or bfloat16"),
+        "out_int": ((f(3, 4),), {"out_dtype": torch.int32}, r"argument 'out_dtype'"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad("cpu")))
+def test_bad_inputs(device, case):
+    args, kwargs, pattern = _bad(device)[case]
+    with pytest.raises(RuntimeError, match=pattern):
+        batched_outer(*args, **kwargs)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_mixed_devices():
+    u = torch.randn(3, 4, device="cuda").half()
+    with pytest.raises(RuntimeError, match=r"arguments 'u' and 'v' must be on the same device"):
+        batched_outer(u, u.cpu())
+    with pytest.raises(RuntimeError, match=r"same device"):
+        batched_outer(u.cpu(), u)
+
+
+# --------------------------------------------------------------------------------------------------------
+# torch.library / torch.compile / CUDA graphs
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "case", ["fp16_default", "bf16_v_alpha", "fp32_out_half", "batched"]
+)
+def test_opcheck(device, gen, case):
+    if case == "fp16_default":
+        u = random_tensor(gen, (4, 16), "normal", device, torch.float16)
+        args = (u, None, 0.0, None)
+    elif case == "bf16_v_alpha":
+        u = random_tensor(gen, (4, 9), "normal", device, torch.bfloat16)
+        args = (u, random_tensor(gen, (4, 9), "normal", device, torch.bfloat16), 1.5, None)
+    elif case == "fp32_out_half":
+        u = random_tensor(gen, (3, 17), "normal", device)
+        args = (u, u.clone(), -0.5, torch.float16)
+    else:
+        u = random_tensor(gen, (2, 3, 31), "normal", device, torch.float16)
+        args = (u, None, 0.25, torch.float32)
+    torch.library.opcheck(torch.ops.wmmae.batched_outer.default, args)
+
+
+def test_compile_fullgraph_matches_eager(device, gen):
+    torch._dynamo.reset()
+
+    def f(u, v):
+        return batched_outer(u, v, alpha=0.5), batched_outer(u, alpha=-2.0, out_dtype=torch.bfloat16)
+
+    compiled = torch.compile(f, fullgraph=True)
+    u = random_tensor(gen, (5, 33), "normal", device, torch.float16)
+    v = random_tensor(gen, (5, 33), "normal", device, torch.float16)
+    for got, want in zip(compiled(u, v), f(u, v)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays(gen):
+    n = 48
+    static_u = random_tensor(gen, (6, n), "normal", "cuda", torch.float16)
+    batched_outer(static_u, alpha=1.0)  # warm-up outside the capture (workspace, lazy init)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = batched_outer(static_u, alpha=1.0)
+    for _ in range(3):
+        fresh = random_tensor(gen, (6, n), "normal", "cuda", torch.float16)
+        static_u.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_rounded_reference(static_out, reference64(fresh, None, 1.0), diag_ulps=1, offdiag_ulps=0)

@@ -1,0 +1,600 @@
+"""corrected_matmul: float32 matmul on tensor cores with error correction (CPU: an emulation of the same
+arithmetic). The references are independent: torch.matmul in float64, and torch.matmul in float32 (TF32 off)
+as the accuracy baseline the op has to match.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torch_wmmae
+from torch_wmmae import corrected_matmul
+
+from conftest import DEVICES, U32, random_signs, random_tensor, rel_err, requires_cuda
+
+METHODS = ["auto", "fp16", "tf32"]
+
+pytestmark = pytest.mark.usefixtures("ieee_fp32")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Accuracy yardsticks
+# --------------------------------------------------------------------------------------------------------
+def parity_slack(device: str, k: int) -> float:
+    """How much larger than torch.matmul's float32 error ours may be, measured on this suite's data with the
+    CPU implementation (20-30 seeds per case; worst observed ratio in brackets).
+
+    - 1.5 in general: two errors of the same order of magnitude drawn from the same inputs fluctuate around
+      each other [K=100: <= 0.66; 15x17, K=16/17: <= 1.25].
+    - 3.0 for K <= 32: the float32 result is a handful of roundings (a SIMD dot product rounds each product
+      and ~log2(K) partial sums), and with few outputs its error can be far below an ulp by luck; ours adds
+      the sequential sum of one k-step plus the split's own error per product (see SPLIT_SLACK)
+      [1x1, K=16, U(0,1): 2.69].
+    - 4.0 for K >= 1000: torch.matmul's float32 GEMM may sum in blocks (MKL's sgemm on the CPU always keeps
+      many SIMD partial sums; cuBLAS may split K for skinny shapes), which grows its error far more slowly
+      than one accumulator per output (a GPU SGEMM thread, and our k-step loop) [CPU, 64x64, K=4096,
+      U(0,1): fp16 2.65, tf32 3.74; K=1000: 1.58]. test_beats_simt_fp32_accumulation checks the claim of the
+      published method directly: ours is MORE accurate than one-accumulator float32 (3-4x on the CPU).
+    """
+    if k <= 32:
+        return 3.0
+    if k >= 1000:
+        return 4.0
+    return 1.5
+
+
+# The split keeps 22 of float32's 24 significand bits per operand (11 in hi, 11 in the residual) and drops
+# the residual*residual product: per product, the representation error is a few times the half-ulp rounding
+# of a float32 product. Where a few products dominate each sum (exponents drawn over 2^120), that error is
+# not averaged away and ours is up to a few times float32's [measured, 30 seeds: relative 2.3,
+# componentwise 2.9]. Using the wrong split on such data costs factors of 20 to 10^7.
+SPLIT_SLACK = 4.0
+
+
+def fp32_floor(a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> float:
+    """u * || |a| |b| ||_F / ||a b||_F: the error of rounding every product once, relative to the result.
+    Guards the comparison against a float32 result that is (nearly) exact by luck."""
+    absprod = torch.matmul(a.double().abs(), b.double().abs())
+    den = torch.linalg.vector_norm(ref).item()
+    return U32 * torch.linalg.vector_norm(absprod).item() / den if den > 0 else U32
+
+
+def componentwise_err(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+    """max_ij |out - ref|_ij / (|a| |b|)_ij: scale-invariant per element (the classical dot-product bound)."""
+    a64, b64 = a.double(), b.double()
+    ref = torch.matmul(a64, b64)
+    absprod = torch.matmul(a64.abs(), b64.abs())
+    return ((out.double() - ref).abs() / absprod).max().item()
+
+
+def check_against_fp32(a: torch.Tensor, b: torch.Tensor, method: str, slack: float | None = None) -> torch.Tensor:
+    """Runs corrected_matmul and asserts torch.matmul's shape, dtype and contiguity, and float32 accuracy."""
+    out = corrected_matmul(a, b, method=method)
+    expected_shape = torch.matmul(a, b).shape
+    assert out.shape == expected_shape
+    assert out.dtype == torch.float32
+    assert out.device == a.device
+    assert out.is_contiguous()
+    ref = torch.matmul(a.double(), b.double())
+    err = rel_err(out, ref)
+    err32 = rel_err(torch.matmul(a, b), ref)
+    floor = fp32_floor(a, b, ref)
+    k = a.shape[-1]
+    slack = parity_slack(a.device.type, k) if slack is None else slack
+    assert math.isfinite(err)
+    assert err <= slack * max(err32, floor), (
+        f"method={method} shapes {tuple(a.shape)} @ {tuple(b.shape)}: rel err {err:.3e} vs float32 {err32:.3e} "
+        f"(floor {floor:.3e}, slack {slack})"
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Parity with float32
+# --------------------------------------------------------------------------------------------------------
+PARITY_SHAPES = [  # (M, N, K)
+    (1, 1, 16),
+    (15, 17, 16),
+    (17, 15, 17),
+    (1, 17, 33),
+    (33, 31, 100),
+    (64, 48, 1000),
+    (31, 64, 4096),
+    (4, 4, 65536),  # skinny: one long dot product per output
+]
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal", "positive"])
+@pytest.mark.parametrize("shape", PARITY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("method", METHODS)
+def test_parity_with_fp32(device, gen, method, shape, dist):
+    m, n, k = shape
+    a = random_tensor(gen, (m, k), dist, device)
+    b = random_tensor(gen, (k, n), dist, device)
+    check_against_fp32(a, b, method)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist", ["uniform", "normal", "positive"])
+@pytest.mark.parametrize(
+    "shape", [(1000, 1001, 1024), (1023, 1025, 4096), (1, 1000, 4096), (1000, 1, 4096), (129, 257, 65536)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+@pytest.mark.parametrize("method", METHODS)
+def test_parity_with_fp32_large_gpu(gen, method, shape, dist):
+    m, n, k = shape
+    a = random_tensor(gen, (m, k), dist, "cuda")
+    b = random_tensor(gen, (k, n), dist, "cuda")
+    check_against_fp32(a, b, method)
+
+
+@pytest.mark.parametrize("dist", ["normal", "positive"])
+@pytest.mark.parametrize("method", METHODS)
+def test_beats_simt_fp32_accumulation(device, gen, method, dist):
+    """What the published method promises: the accuracy of a float32 SIMT GEMM, i.e. one float32 accumulator
+    per output updated by a fused multiply-add for every k (emulated here exactly: the product of two
+    float32 values is exact in float64, then one rounding to float32 per step)."""
+    m, n, k = 24, 20, 4096
+    a = random_tensor(gen, (m, k), dist, device)
+    b = random_tensor(gen, (k, n), dist, device)
+    a64, b64 = a.double(), b.double()
+    acc = torch.zeros(m, n, dtype=torch.float32, device=device)
+    for i in range(k):
+        acc = (acc.double() + a64[:, i : i + 1] * b64[i : i + 1, :]).float()
+    ref = a64 @ b64
+    err_simt = rel_err(acc, ref)
+    err = rel_err(corrected_matmul(a, b, method=method), ref)
+    assert err <= err_simt, f"{err:.3e} > SIMT float32 {err_simt:.3e}"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Shapes and memory layouts (torch.matmul semantics)
+# --------------------------------------------------------------------------------------------------------
+def _operands(gen, device, case):
+    r = lambda *s: random_tensor(gen, s, "normal", device)  # noqa: E731
+    if case == "1d_1d":
+        return r(37), r(37)
+    if case == "1d_2d":
+        return r(37), r(37, 9)
+    if case == "2d_1d":
+        return r(9, 37), r(37)
+    if case == "1d_3d":
+        return r(37), r(3, 37, 5)
+    if case == "3d_1d":
+        return r(3, 5, 37), r(37)
+    if case == "batched":
+        return r(4, 7, 37), r(4, 37, 9)
+    if case == "broadcast_batch":
+        return r(2, 1, 7, 37), r(3, 37, 9)
+    if case == "broadcast_2d_rhs":
+        return r(2, 3, 7, 37), r(37, 9)
+    if case == "broadcast_2d_lhs":
+        return r(7, 37), r(2, 3, 37, 9)
+    if case == "expanded_stride0":
+        return r(1, 7, 37).expand(5, 7, 37), r(5, 37, 9)
+    if case == "transposed":
+        return r(37, 7).t(), r(9, 37).t()
+    if case == "batched_transposed":
+        return r(4, 37, 7).transpose(-1, -2), r(9, 37, 4).permute(2, 1, 0)
+    if case == "storage_offset":
+        big_a, big_b = r(20, 50), r(45, 20)
+        return big_a[3:10, 5:42], big_b[2:39, 7:16]
+    if case == "strided":
+        big_a, big_b = r(14, 111), r(74, 27)
+        return big_a[::2, ::3], big_b[::2, ::3]
+    if case == "strided_batch":
+        big_a, big_b = r(6, 9, 40), r(3, 40, 11)
+        return big_a[::2, 1:8, 2:39], big_b[:, 3:40, ::2]
+    if case == "size1_dims":
+        return r(1, 7, 37), r(1, 1, 37, 1)
+    if case == "many_batch_dims":  # contiguous: the 5 batch dimensions coalesce into one
+        return r(2, 3, 2, 1, 3, 7, 37), r(2, 3, 2, 1, 3, 37, 9)
+    if case == "six_broadcast_dims":  # alternating broadcast: 6 batch dimensions that cannot be merged
+        return r(2, 1, 2, 1, 2, 1, 3, 37), r(1, 2, 1, 2, 1, 2, 37, 4)
+    raise ValueError(case)
+
+
+LAYOUT_CASES = [
+    "1d_1d", "1d_2d", "2d_1d", "1d_3d", "3d_1d", "batched", "broadcast_batch", "broadcast_2d_rhs",
+    "broadcast_2d_lhs", "expanded_stride0", "transposed", "batched_transposed", "storage_offset", "strided",
+    "strided_batch", "size1_dims", "many_batch_dims", "six_broadcast_dims",
+]
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES)
+@pytest.mark.parametrize("method", METHODS)
+def test_shapes_and_layouts(device, gen, method, case):
+    a, b = _operands(gen, device, case)
+    check_against_fp32(a, b, method)
+
+
+@pytest.mark.parametrize("case", ["transposed", "storage_offset", "strided", "strided_batch", "broadcast_batch"])
+def test_layout_does_not_change_cpu_result(gen, case):
+    """The CPU emulation sums in a fixed order: any strides give the bits of the contiguous operands."""
+    a, b = _operands(gen, "cpu", case)
+    for method in METHODS:
+        assert torch.equal(corrected_matmul(a, b, method=method), corrected_matmul(a.contiguous(), b.contiguous(), method=method))
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [((5, 0), (0, 7)), ((3, 4, 0), (0, 6)), ((0,), (0,)), ((0,), (0, 3)), ((2, 1, 3, 0), (4, 0, 2))],
+)
+@pytest.mark.parametrize("method", METHODS)
+def test_k_zero_gives_zeros(device, gen, method, a_shape, b_shape):
+    a = random_tensor(gen, a_shape, "normal", device)
+    b = random_tensor(gen, b_shape, "normal", device)
+    out = corrected_matmul(a, b, method=method)
+    assert out.shape == torch.matmul(a, b).shape
+    assert out.dtype == torch.float32 and out.is_contiguous()
+    assert out.numel() > 0
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [((0, 5), (5, 7)), ((5, 7), (7, 0)), ((0, 4, 5), (5, 6)), ((3, 0, 5), (3, 5, 6)), ((2, 1, 0, 5), (3, 5, 2)), ((0, 1, 4, 5), (3, 5, 2))],
+)
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_outputs(device, gen, method, a_shape, b_shape):
+    a = random_tensor(gen, a_shape, "normal", device)
+    b = random_tensor(gen, b_shape, "normal", device)
+    out = corrected_matmul(a, b, method=method)
+    assert out.shape == torch.matmul(a, b).shape
+    assert out.numel() == 0
+    assert out.dtype == torch.float32 and out.device == a.device
+
+
+def _st_matmul_case():
+    @st.composite
+    def case(draw):
+        m, n = draw(st.integers(0, 9)), draw(st.integers(0, 9))
+        k = draw(st.integers(0, 40))
+        batch = draw(st.lists(st.integers(1, 3), max_size=3))
+
+        def batch_of(bs):
+            bs = [1 if draw(st.booleans()) else s for s in bs]
+            return bs[draw(st.integers(0, len(bs))) :]  # drop some leading dimensions
+
+        a_shape = [k] if draw(st.booleans()) else batch_of(batch) + [m, k]
+        b_shape = [k] if draw(st.booleans()) else batch_of(batch) + [k, n]
+        return a_shape, b_shape, draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from(METHODS)), draw(
+            st.integers(0, 2**32 - 1)
+        )
+
+    return case()
+
+
+def _maybe_transposed(shape, transposed, gen, device):
+    """A tensor of `shape` stored with reversed dimension order when `transposed` (non-contiguous)."""
+    if transposed and len(shape) >= 2:
+        t = torch.randn(list(reversed(shape)), generator=gen, dtype=torch.float64).float().to(device)
+        return t.permute(*reversed(range(len(shape))))
+    return torch.randn(shape, generator=gen, dtype=torch.float64).float().to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_st_matmul_case())
+def test_random_shapes_follow_torch_matmul(device, case):
+    """Random broadcastable shapes (with 0-sized dimensions and transposed storage): the result has
+    torch.matmul's shape and obeys the classical float32 dot-product bound, elementwise:
+    |out - ref| <= (K + 16) u (|a| |b|) (K sequential roundings plus the split's error per product)."""
+    a_shape, b_shape, ta, tb, method, seed = case
+    gen = torch.Generator().manual_seed(seed)
+    a = _maybe_transposed(a_shape, ta, gen, device)
+    b = _maybe_transposed(b_shape, tb, gen, device)
+    try:
+        expected = torch.matmul(a, b)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            corrected_matmul(a, b, method=method)
+        return
+    out = corrected_matmul(a, b, method=method)
+    assert out.shape == expected.shape and out.dtype == torch.float32 and out.is_contiguous()
+    k = a_shape[-1]
+    bound = (k + 16) * U32 * torch.matmul(a.double().abs(), b.double().abs())
+    assert ((out.double() - torch.matmul(a.double(), b.double())).abs() <= bound).all()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Wide exponent ranges: "auto" keeps float32 accuracy, "fp16" is documented to lose it
+# --------------------------------------------------------------------------------------------------------
+def _wide_values(gen, shape, device):
+    """Random signs times 2^U(-60, 60): twelve orders of magnitude of 10 in every row and column."""
+    mag = torch.exp2(torch.rand(shape, generator=gen, dtype=torch.float64) * 120 - 60)
+    return (random_signs(gen, shape) * mag).float().to(device)
+
+
+@pytest.mark.parametrize("shape", [(40, 36, 64), (33, 31, 200), (17, 15, 1000)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_wide_range_values(device, gen, method, shape):
+    m, n, k = shape
+    a, b = _wide_values(gen, (m, k), device), _wide_values(gen, (k, n), device)
+    check_against_fp32(a, b, method, slack=SPLIT_SLACK)
+    out = corrected_matmul(a, b, method=method)
+    err, err32 = componentwise_err(out, a, b), componentwise_err(torch.matmul(a, b), a, b)
+    # measured over 30 seeds: at most 2.6 x (40x36x64), 2.5 x (33x31x200)
+    assert err <= SPLIT_SLACK * max(err32, U32), f"{err:.3e} vs float32 {err32:.3e}"
+
+
+def test_fp16_loses_accuracy_on_wide_values(device, gen):
+    """method="fp16" on values 2^U(-60, 60): each row of a is scaled so that its largest element is about
+    2^14, and elements more than ~2^38 below it vanish in fp16 even though their products with large
+    elements of b dominate some outputs. Elementwise the error is then far above float32's (measured over
+    30 seeds: at least 3800 x); "auto" sends such rows to the tf32 split (test above)."""
+    m, n, k = 40, 36, 64
+    a, b = _wide_values(gen, (m, k), device), _wide_values(gen, (k, n), device)
+    err16 = componentwise_err(corrected_matmul(a, b, method="fp16"), a, b)
+    err32 = componentwise_err(torch.matmul(a, b), a, b)
+    assert err16 > 100 * max(err32, U32), f"fp16 {err16:.3e} vs float32 {err32:.3e}"
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32", "fp16"])
+def test_rows_and_columns_scaled_by_different_powers_of_two(device, gen, method):
+    """Rows of a and columns of b scaled by 2^-60..2^60 (each row/column itself spans a normal range: the
+    fp16 split rescales every row and column by a power of two, so all methods stay accurate). Compared
+    elementwise, relative to (|a||b|)_ij, since the Frobenius norm would only see the largest rows."""
+    m, n, k = 40, 36, 300
+    r = torch.randint(-60, 61, (m, 1), generator=gen).double()
+    c = torch.randint(-60, 61, (1, n), generator=gen).double()
+    a = (random_tensor(gen, (m, k), "normal", dtype=torch.float64) * torch.exp2(r)).float().to(device)
+    b = (random_tensor(gen, (k, n), "normal", dtype=torch.float64) * torch.exp2(c)).float().to(device)
+    out = corrected_matmul(a, b, method=method)
+    err, err32 = componentwise_err(out, a, b), componentwise_err(torch.matmul(a, b), a, b)
+    assert err <= SPLIT_SLACK * max(err32, U32), f"{err:.3e} vs float32 {err32:.3e}"
+
+
+def _inner_scaled(gen, m, n, k, span_exp, device):
+    """a = a' D and b = D^-1 b' with D = diag(2^e_k), e_k uniform in [-span_exp, span_exp], |a'|, |b'| in [1, 2):
+    every row of a and column of b spans up to 2^(2 span_exp + 1), while a b = a' b' exactly (the powers of
+    two cancel in every product), so the product itself is well conditioned."""
+    e = torch.randint(-span_exp, span_exp + 1, (k,), generator=gen).double()
+    a1 = random_signs(gen, (m, k)) * (1 + torch.rand(m, k, generator=gen, dtype=torch.float64))
+    b1 = random_signs(gen, (k, n)) * (1 + torch.rand(k, n, generator=gen, dtype=torch.float64))
+    a = (a1 * torch.exp2(e)[None, :]).float().to(device)
+    b = (b1 * torch.exp2(-e)[:, None]).float().to(device)
+    return a, b
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_auto_and_tf32_accurate_on_rows_spanning_2_41(device, gen, method):
+    a, b = _inner_scaled(gen, 33, 29, 256, span_exp=20, device=device)
+    check_against_fp32(a, b, method, slack=SPLIT_SLACK)
+
+
+def test_fp16_loses_accuracy_on_rows_spanning_2_41(device, gen):
+    """The documented limitation of method="fp16": rows of a / columns of b spanning more than ~2^23 lose the
+    low bits of their small elements (after the per-row power-of-two scaling they fall into fp16's subnormal
+    range). Here rows span up to 2^41 and the error is orders of magnitude above float32's; "auto" detects
+    such rows and uses the tf32 split instead (test above)."""
+    a, b = _inner_scaled(gen, 33, 29, 256, span_exp=20, device=device)
+    ref = torch.matmul(a.double(), b.double())
+    err16 = rel_err(corrected_matmul(a, b, method="fp16"), ref)
+    err32 = rel_err(torch.matmul(a, b), ref)
+    err_auto = rel_err(corrected_matmul(a, b, method="auto"), ref)
+    assert err16 > 100 * err32, f"fp16 {err16:.3e} vs float32 {err32:.3e}"
+    assert err16 > 100 * err_auto
+
+
+def test_fp16_accurate_on_rows_spanning_2_21(device, gen):
+    """The other side of the limit: rows and columns spanning at most 2^21 (< 2^23) keep float32 accuracy."""
+    a, b = _inner_scaled(gen, 33, 29, 256, span_exp=10, device=device)
+    check_against_fp32(a, b, "fp16")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Inf / NaN
+# --------------------------------------------------------------------------------------------------------
+def _special_masks(t: torch.Tensor):
+    return torch.isnan(t), torch.isposinf(t), torch.isneginf(t)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nan_inf_positions_match_torch(device, gen, method):
+    m, n, k = 19, 23, 70
+    a = random_tensor(gen, (m, k), "uniform")
+    b = random_tensor(gen, (k, n), "uniform")
+    # Specials at random positions: rows/columns with one Inf, with +Inf and -Inf, with NaN.
+    flat_a = torch.randperm(m * k, generator=gen)[:6]
+    flat_b = torch.randperm(k * n, generator=gen)[:4]
+    a.view(-1)[flat_a] = torch.tensor([math.inf, -math.inf, math.nan, math.inf, -math.inf, math.inf])
+    b.view(-1)[flat_b] = torch.tensor([math.inf, -math.inf, math.nan, math.inf])
+    a, b = a.to(device), b.to(device)
+    out = corrected_matmul(a, b, method=method)
+    expected = torch.matmul(a, b)
+    for got, want, name in zip(_special_masks(out), _special_masks(expected), ["NaN", "+Inf", "-Inf"]):
+        assert torch.equal(got, want), f"{name} positions differ"
+    assert _special_masks(expected)[0].any() and _special_masks(expected)[1].any()
+    finite = torch.isfinite(expected)
+    assert finite.any()
+    ref = torch.matmul(a.double(), b.double())
+    assert rel_err(out[finite], ref[finite]) <= 4 * max(rel_err(expected[finite], ref[finite]), U32)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("operand", ["a", "b"])
+@pytest.mark.parametrize("method", METHODS)
+def test_inf_times_positive_is_inf_not_nan(device, gen, method, operand, sign):
+    m, n, k = 9, 11, 40
+    a = 0.5 + random_tensor(gen, (m, k), "positive")  # positive, finite, away from 0
+    b = 0.5 + random_tensor(gen, (k, n), "positive")
+    if operand == "a":
+        a[3, 17] = sign * math.inf
+    else:
+        b[21, 5] = sign * math.inf
+    a, b = a.to(device), b.to(device)
+    out = corrected_matmul(a, b, method=method)
+    assert not torch.isnan(out).any()
+    inf_part = out[3] if operand == "a" else out[:, 5]
+    assert torch.equal(inf_part, torch.full_like(inf_part, sign * math.inf))
+    mask = torch.isinf(out)
+    assert mask.sum().item() == inf_part.numel()
+    assert torch.equal(mask, torch.isinf(torch.matmul(a, b)))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Bad inputs
+# --------------------------------------------------------------------------------------------------------
+def _bad_cases(device):
+    f = lambda *s: torch.randn(s, device=device)  # noqa: E731
+    return {
+        "a_float64": ((f(3, 4).double(), f(4, 2)), {}, r"argument 'a' must be float32"),
+        "b_float64": ((f(3, 4), f(4, 2).double()), {}, r"argument 'b' must be float32"),
+        "a_float16": ((f(3, 4).half(), f(4, 2)), {}, r"argument 'a' must be float32"),
+        "b_float16": ((f(3, 4), f(4, 2).half()), {}, r"argument 'b' must be float32"),
+        "a_int": ((torch.ones(3, 4, dtype=torch.int32, device=device), f(4, 2)), {}, r"argument 'a' must be float32"),
+        "b_int64": ((f(3, 4), torch.ones(4, 2, dtype=torch.int64, device=device)), {}, r"argument 'b' must be float32"),
+        "a_0d": ((f(), f(4)), {}, r"argument 'a' must have at least 1 dimension"),
+        "b_0d": ((f(4), f()), {}, r"argument 'b' must have at least 1 dimension"),
+        "inner_2d": ((f(3, 4), f(5, 2)), {}, r"inner dimensions do not match.*'a' has shape \[3, 4\].*'b' has shape \[5, 2\]"),
+        "inner_1d": ((f(4), f(5)), {}, r"inner dimensions do not match"),
+        "batch": ((f(2, 3, 4), f(3, 4, 5)), {}, r"size of tensor a \(2\) must match the size of tensor b \(3\)"),
+        "method": ((f(3, 4), f(4, 2)), {"method": "bf16"}, r"argument 'method' must be 'auto', 'fp16' or 'tf32'"),
+        "method_case": ((f(3, 4), f(4, 2)), {"method": "TF32"}, r"argument 'method'"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_cases("cpu")))
+def test_bad_inputs(device, case):
+    args, kwargs, pattern = _bad_cases(device)[case]
+    with pytest.raises(RuntimeError, match=pattern):
+        corrected_matmul(*args, **kwargs)
+    with pytest.raises(RuntimeError, match=pattern):  # the raw op too
+        torch.ops.wmmae.corrected_matmul(*args, kwargs.get("method", "auto"))
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["cpu_cuda", "cuda_cpu"])
+def test_mixed_devices(order):
+    a, b = torch.randn(3, 4), torch.randn(4, 2, device="cuda")
+    if order == "cuda_cpu":
+        a, b = b.t().contiguous(), a.t().contiguous()
+    with pytest.raises(RuntimeError, match=r"arguments 'a' and 'b' must be on the same device"):
+        corrected_matmul(a, b)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------------------
+AUTOGRAD_SHAPES = {
+    "2d": ((7, 33), (33, 5)),
+    "batched": ((3, 7, 33), (3, 33, 5)),
+    "broadcast": ((2, 1, 6, 20), (3, 20, 5)),
+    "broadcast_2d_rhs": ((2, 3, 6, 20), (20, 5)),
+    "1d_2d": ((20,), (20, 6)),
+    "2d_1d": ((6, 20), (20,)),
+    "1d_1d": ((20,), (20,)),
+    "1d_3d": ((20,), (3, 20, 4)),
+    "3d_1d": ((3, 6, 20), (20,)),
+}
+
+
+@pytest.mark.parametrize("case", list(AUTOGRAD_SHAPES))
+@pytest.mark.parametrize("method", METHODS)
+def test_gradients_match_float64(device, gen, method, case):
+    a_shape, b_shape = AUTOGRAD_SHAPES[case]
+    a = random_tensor(gen, a_shape, "normal", device).requires_grad_()
+    b = random_tensor(gen, b_shape, "normal", device).requires_grad_()
+    out = corrected_matmul(a, b, method=method)
+    grad_out = random_tensor(gen, out.shape, "normal", device)
+    out.backward(grad_out)
+
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    torch.matmul(a64, b64).backward(grad_out.double())
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert a.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+    assert rel_err(a.grad, a64.grad) < 1e-5
+    assert rel_err(b.grad, b64.grad) < 1e-5
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_gradient_of_one_operand(device, gen, which):
+    a = random_tensor(gen, (5, 18), "normal", device).requires_grad_(which == "a")
+    b = random_tensor(gen, (18, 4), "normal", device).requires_grad_(which == "b")
+    corrected_matmul(a, b).sum().backward()
+    x, other = (a, b) if which == "a" else (b, a)
+    assert other.grad is None
+    ref = torch.ones(5, 4, dtype=torch.float64, device=device)
+    expected = ref @ b.detach().double().t() if which == "a" else a.detach().double().t() @ ref
+    assert rel_err(x.grad, expected) < 1e-5
+
+
+# --------------------------------------------------------------------------------------------------------
+# torch.library / torch.compile integration
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "case", ["2d", "batched_broadcast", "1d", "requires_grad", "fp16", "tf32"]
+)
+def test_opcheck(device, gen, case):
+    a_shape, b_shape, method = {
+        "2d": ((5, 19), (19, 3), "auto"),
+        "batched_broadcast": ((2, 1, 5, 19), (3, 19, 4), "auto"),
+        "1d": ((19,), (19, 4), "auto"),
+        "requires_grad": ((5, 19), (19, 3), "auto"),
+        "fp16": ((5, 19), (19, 3), "fp16"),
+        "tf32": ((5, 19), (19, 3), "tf32"),
+    }[case]
+    a = random_tensor(gen, a_shape, "normal", device)
+    b = random_tensor(gen, b_shape, "normal", device)
+    if case == "requires_grad":
+        a.requires_grad_()
+        b.requires_grad_()
+    torch.library.opcheck(torch.ops.wmmae.corrected_matmul.default, (a, b, method))
+
+
+def _all_methods(a, b):
+    return tuple(corrected_matmul(a, b, method=m) * 1.0 for m in METHODS)
+
+
+def test_compile_fullgraph_matches_eager(device, gen):
+    torch._dynamo.reset()
+    compiled = torch.compile(_all_methods, fullgraph=True)
+    for shape in [((9, 40), (40, 7)), ((2, 1, 9, 40), (3, 40, 7))]:
+        a = random_tensor(gen, shape[0], "normal", device)
+        b = random_tensor(gen, shape[1], "normal", device)
+        for got, want in zip(compiled(a, b), _all_methods(a, b)):
+            assert torch.equal(got, want)
+
+
+def test_compile_backward_matches_eager(device, gen):
+    torch._dynamo.reset()
+
+    def loss(a, b):
+        return (corrected_matmul(a, b) * 2.0).sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    a = random_tensor(gen, (9, 40), "normal", device).requires_grad_()
+    b = random_tensor(gen, (40, 7), "normal", device).requires_grad_()
+    ga, gb = torch.autograd.grad(compiled(a, b), (a, b))
+    ea, eb = torch.autograd.grad(loss(a, b), (a, b))
+    torch.testing.assert_close(ga, ea, rtol=1e-6, atol=0)
+    torch.testing.assert_close(gb, eb, rtol=1e-6, atol=0)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_compile_reduce_overhead_cuda_graphs(gen):
+    torch._dynamo.reset()
+    compiled = torch.compile(_all_methods, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # cudagraph trees record on a later call and replay afterwards
+        a = random_tensor(gen, (129, 200), "normal", "cuda")
+        b = random_tensor(gen, (200, 65), "normal", "cuda")
+        got = [t.clone() for t in compiled(a, b)]
+        for g, w in zip(got, _all_methods(a, b)):
+            assert torch.equal(g, w)
+
+
+def test_has_cuda_kernels_matches_gpu_use(device):
+    """On a GPU the op must really run there (a CPU-only build would fail every CUDA test anyway)."""
+    out = corrected_matmul(torch.randn(2, 3, device=device), torch.randn(3, 2, device=device))
+    assert out.device.type == device
+    if device == "cuda":
+        assert torch_wmmae.has_cuda_kernels()
