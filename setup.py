@@ -43,13 +43,51 @@ def extension():
     return cpp_extension.CUDAExtension("torch_wmmae._C", rel(cpp_sources + cuda_sources), **common)
 
 
+# A private copy of libstdc++ inside the extension crashes the first time an error message formats a number
+# (its locale facets are never initialized, the process uses torch's libstdc++). Two ways to get one: a
+# toolchain that links libstdc++ statically by default (seen with a g++ under /opt/gcc), and
+# -Bsymbolic-functions (Debian/Ubuntu Python link flags) binding the template instantiations nvcc-compiled
+# objects emit to themselves. So: drop those flags, and link the very libstdc++.so that torch loaded.
+_BAD_LINK_FLAGS = ("-Wl,-Bsymbolic-functions", "-Wl,-Bsymbolic", "-static-libstdc++", "-static-libgcc")
+
+
+def torch_libstdcxx():
+    """Path of the libstdc++ shared library loaded with torch in this process (Linux), or None."""
+    import torch  # noqa: F401  (loads libstdc++ through libtorch)
+
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith("libstdc++.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's BuildExtension, without _BAD_LINK_FLAGS and with torch's own libstdc++.so linked."""
+
+    def build_extensions(self):
+        for attr in ("linker_so", "linker_so_cxx"):
+            cmd = getattr(self.compiler, attr, None)
+            if cmd:
+                setattr(self.compiler, attr, [a for a in cmd if a not in _BAD_LINK_FLAGS])
+        libstdcxx = torch_libstdcxx()
+        if libstdcxx:
+            for ext in self.extensions:
+                ext.extra_link_args = list(ext.extra_link_args or []) + [libstdcxx]
+        super().build_extensions()
+
+
 setup(
     name="torch_wmmae",
     version="0.1.0",
     description="Tensor-core fragments built in registers, as PyTorch operators (the WMMA extension idea)",
     packages=find_packages(include=["torch_wmmae", "torch_wmmae.*"]),
     ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",
     install_requires=["torch"],
 )

@@ -15,6 +15,9 @@ if has build; then
   start=$(date +%s)
   python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - start )) s"
+  # libstdc++ must come from the system (a private static copy crashes when formatting numbers).
+  nm -C torch_wmmae/_C*.so | grep -c " [TW] std::ostream& std::ostream::_M_insert<long>" | sed 's/^/private libstdc++ ostream symbols: /'
+
 fi
 if has sass; then
   so=$(ls torch_wmmae/_C*.so)

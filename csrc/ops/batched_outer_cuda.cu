@@ -20,6 +20,7 @@ using namespace nvcuda;
 
 constexpr int kTile = 16;
 constexpr int kWarpsPerBlock = 8;
+constexpr int kDepth = 1;  // tiles per warp and iteration (2 measured slower on an H200: fewer resident warps)
 
 struct OuterArgs {
   const void* u;
@@ -49,16 +50,17 @@ template <class T> __device__ inline void store_streaming(T* p, T v) { *p = v; }
 // Writes the in-bounds part of a 16x16 accumulator tile (row-major, leading dimension ld). The accumulator
 // holds pairs of adjacent columns (run == 2): they are written together when the row allows it.
 template <class Out, class Acc, class Value>
-__device__ void store_tile(Out* tile, std::int64_t ld, int rows, int cols, bool pairs_aligned, Value value) {
-  constexpr wmmae::CoreLayout L = wmmae::fragment_traits<Acc>::layout;
-  static_assert(L.run == 2 && !L.transposed, "store_tile expects row pairs");
+__device__ __forceinline__ void store_tile(Out* tile, std::int64_t ld, int rows, int cols, bool pairs_aligned, Value value) {
+  using Tr = wmmae::fragment_traits<Acc>;
+  static_assert(Tr::layout.run == 2 && !Tr::layout.transposed, "store_tile expects row pairs");
   const int lane = wmmae::lane_id();
-  wmmae::detail::static_for<0, L.num_elements / 2>([&](auto pair_index) {
+  wmmae::detail::static_for<0, Tr::layout.num_elements / 2>([&](auto pair_index) {
     constexpr int x = 2 * decltype(pair_index)::value;
-    const wmmae::RowCol rc = L.at(lane, x);
+    const wmmae::RowCol rc = Tr::template position<x>(lane);
     if (rc.row >= rows) return;
     Out* p = tile + rc.row * ld + rc.col;
-    const Out lo = from_float<Out>(value(x, rc.row, rc.col)), hi = from_float<Out>(value(x + 1, rc.row, rc.col + 1));
+    const Out lo = from_float<Out>(value(std::integral_constant<int, x>{}, rc.row, rc.col));
+    const Out hi = from_float<Out>(value(std::integral_constant<int, x + 1>{}, rc.row, rc.col + 1));
     if (pairs_aligned && rc.col + 1 < cols) {
       typename Pair<Out>::type pair;
       pair.x = lo;
@@ -72,14 +74,16 @@ __device__ void store_tile(Out* tile, std::int64_t ld, int rows, int cols, bool 
 }
 
 template <class In>
-__device__ inline float load_float(const In* p) { return static_cast<float>(*p); }
+__device__ inline float load_float(const In* p) { return wmmae::to_float(*p); }
 
-// Three bf16 terms of an fp32 value (exact for normal values); non-finite values keep all in term 0.
-__device__ inline void split_bf16x3(float v, __nv_bfloat16 (&t)[3]) {
-  t[0] = __float2bfloat16_rn(v);
-  const float r1 = v - __bfloat162float(t[0]);
-  t[1] = __float2bfloat16_rn(r1);
-  t[2] = __float2bfloat16_rn(r1 - __bfloat162float(t[1]));
+// Term `which` (0, 1 or 2) of the three bf16 terms of an fp32 value: v = t0 + t1 + t2 exactly for normal
+// values. Selected arithmetically: a run-time index into a small array would put it in local memory.
+__device__ __forceinline__ __nv_bfloat16 bf16x3_term(float v, int which) {
+  const __nv_bfloat16 t0 = __float2bfloat16_rn(v);
+  const float r1 = v - __bfloat162float(t0);
+  const __nv_bfloat16 t1 = __float2bfloat16_rn(r1);
+  const __nv_bfloat16 t2 = __float2bfloat16_rn(r1 - __bfloat162float(t1));
+  return which == 0 ? t0 : (which == 1 ? t1 : t2);
 }
 
 template <class In, class Out>
@@ -96,56 +100,103 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) batched_outer_kernel(Oute
   // Lambdas below capture locals, not `args`: capturing the kernel parameter would copy it to the stack.
   const int n = args.n, tps = args.tiles_per_side;
   const std::int64_t u_stride = args.u_stride, v_stride = args.v_stride;
+  const std::int64_t u_batch_stride = args.u_batch_stride, v_batch_stride = args.v_batch_stride;
+  const float alpha = args.alpha;
   const std::int64_t tiles_per_batch = static_cast<std::int64_t>(tps) * tps;
   const std::int64_t total = args.batch * tiles_per_batch;
+  const bool small_grid = total < (std::int64_t{1} << 32);
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const std::int64_t num_warps = static_cast<std::int64_t>(gridDim.x) * blockDim.x / 32;
   const bool pairs_aligned = n % 2 == 0 && reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(Out)) == 0;
 
-  for (std::int64_t t = warp; t < total; t += num_warps) {
-    const std::int64_t b = t / tiles_per_batch;
-    const int ti = static_cast<int>((t % tiles_per_batch) / tps), tj = static_cast<int>(t % tps);
-    const int rows = min(kTile, n - ti * kTile), cols = min(kTile, n - tj * kTile);
-    const In* ub = u + b * args.u_batch_stride + static_cast<std::int64_t>(ti) * kTile * u_stride;
-    const In* vb = v + b * args.v_batch_stride + static_cast<std::int64_t>(tj) * kTile * v_stride;
-    Out* tile = out + (b * n + static_cast<std::int64_t>(ti) * kTile) * n + static_cast<std::int64_t>(tj) * kTile;
-    const float diagonal = ti == tj ? args.alpha : 0.0f;
-
-    Acc c;
-    wmmae::make_identity(c, diagonal);
-    FragA a;
-    FragB bf;
+  struct Job {
+    const In* ub;
+    const In* vb;
+    Out* tile;
+    int rows, cols;
+    float diagonal;
+    bool valid;
+  };
+  auto prepare = [&](std::int64_t t) {
+    Job job{};
+    job.valid = t < total;
+    if (!job.valid) return job;
+    // 64-bit division is a long subroutine: decode in 32 bits whenever the tile count allows.
+    std::int64_t b;
+    int ti, tj;
+    if (small_grid) {
+      const unsigned tu = static_cast<unsigned>(t), tpb = static_cast<unsigned>(tiles_per_batch);
+      b = tu / tpb;
+      ti = static_cast<int>((tu % tpb) / static_cast<unsigned>(tps));
+      tj = static_cast<int>(tu % static_cast<unsigned>(tps));
+    } else {
+      b = t / tiles_per_batch;
+      ti = static_cast<int>((t % tiles_per_batch) / tps);
+      tj = static_cast<int>(t % tps);
+    }
+    job.rows = min(kTile, n - ti * kTile);
+    job.cols = min(kTile, n - tj * kTile);
+    job.ub = u + b * u_batch_stride + static_cast<std::int64_t>(ti) * kTile * u_stride;
+    job.vb = v + b * v_batch_stride + static_cast<std::int64_t>(tj) * kTile * v_stride;
+    job.tile = out + (b * n + static_cast<std::int64_t>(ti) * kTile) * n + static_cast<std::int64_t>(tj) * kTile;
+    job.diagonal = ti == tj ? alpha : 0.0f;
+    return job;
+  };
+  // Builds the operand fragments in registers: u in the first column of A, v in the first row of B
+  // (fp32: the nine bf16 term pairs along k). Returns false when the tile holds an Inf or a NaN (fp32).
+  auto load_operands = [&](const Job& job, FragA& a, FragB& bf) {
     if constexpr (!kSplitFp32) {
-      wmmae::load_vector(a, ub, rows, 1.0f, u_stride);
-      wmmae::load_vector(bf, vb, cols, 1.0f, v_stride);
+      wmmae::load_vector(a, job.ub, job.rows, 1.0f, u_stride);
+      wmmae::load_vector(bf, job.vb, job.cols, 1.0f, v_stride);
+      return true;
     } else {
       // Term pairs (a, b) of u_a v_b^T along k: k = 3a + b for k < 9, zero beyond.
       bool finite = true;
       wmmae::foreach_ij(a, [&](auto xs, int i, int k) {
-        const float x = i < rows ? load_float(ub + i * u_stride) : 0.0f;
+        const float x = i < job.rows ? load_float(job.ub + i * u_stride) : 0.0f;
         finite &= isfinite(x);
-        __nv_bfloat16 terms[3];
-        split_bf16x3(x, terms);
-        wmmae::assign(a, xs, k < 9 ? terms[k / 3] : __float2bfloat16_rn(0.0f));
+        wmmae::assign(a, xs, k < 9 ? bf16x3_term(x, k / 3) : __float2bfloat16_rn(0.0f));
       });
       wmmae::foreach_ij(bf, [&](auto xs, int k, int j) {
-        const float y = j < cols ? load_float(vb + j * v_stride) : 0.0f;
+        const float y = j < job.cols ? load_float(job.vb + j * v_stride) : 0.0f;
         finite &= isfinite(y);
-        __nv_bfloat16 terms[3];
-        split_bf16x3(y, terms);
-        wmmae::assign(bf, xs, k < 9 ? terms[k % 3] : __float2bfloat16_rn(0.0f));
+        wmmae::assign(bf, xs, k < 9 ? bf16x3_term(y, k % 3) : __float2bfloat16_rn(0.0f));
       });
-      if (__any_sync(0xffffffffu, !finite)) {
-        store_tile<Out, Acc>(tile, n, rows, cols, pairs_aligned, [&](int, int i, int j) {
-          const float x = i < rows ? load_float(ub + i * u_stride) : 0.0f;
-          const float y = j < cols ? load_float(vb + j * v_stride) : 0.0f;
-          return x * y + (i == j ? diagonal : 0.0f);
-        });
-        continue;
-      }
+      return finite;
     }
+  };
+  auto finish = [&](const Job& job, const FragA& a, const FragB& bf, bool finite) {
+    if (kSplitFp32 && __any_sync(0xffffffffu, !finite)) {
+      store_tile<Out, Acc>(job.tile, n, job.rows, job.cols, pairs_aligned, [&](auto, int i, int j) {
+        const float x = i < job.rows ? load_float(job.ub + i * u_stride) : 0.0f;
+        const float y = j < job.cols ? load_float(job.vb + j * v_stride) : 0.0f;
+        return x * y + (i == j ? job.diagonal : 0.0f);
+      });
+      return;
+    }
+    Acc c;
+    wmmae::make_identity(c, job.diagonal);
     wmma::mma_sync(c, a, bf, c);
-    store_tile<Out, Acc>(tile, n, rows, cols, pairs_aligned, [&](int x, int, int) { return c.x[x]; });
+    store_tile<Out, Acc>(job.tile, n, job.rows, job.cols, pairs_aligned,
+                         [&](auto x, int, int) { return c.x[decltype(x)::value]; });
+  };
+
+  // kDepth tiles per warp and iteration: all their loads are issued before the first store, so that a
+  // warp keeps several load latencies in flight.
+  for (std::int64_t t0 = warp; t0 < total; t0 += kDepth * num_warps) {
+    Job jobs[kDepth];
+    FragA a[kDepth];
+    FragB bf[kDepth];
+    bool finite[kDepth];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      jobs[d] = prepare(t0 + d * num_warps);
+      finite[d] = jobs[d].valid ? load_operands(jobs[d], a[d], bf[d]) : true;
+    }
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (jobs[d].valid) finish(jobs[d], a[d], bf[d], finite[d]);
+    }
   }
 }
 
@@ -154,7 +205,7 @@ void launch(const OuterArgs& args, cudaStream_t stream) {
   const std::int64_t total_tiles = args.batch * args.tiles_per_side * args.tiles_per_side;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   // A grid-stride loop over tiles: enough blocks to fill every SM several times over.
-  const std::int64_t wanted = (total_tiles + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const std::int64_t wanted = (total_tiles + kWarpsPerBlock * kDepth - 1) / (kWarpsPerBlock * kDepth);
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, static_cast<std::int64_t>(sms) * 16));
   batched_outer_kernel<In, Out><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,11 +1,11 @@
 // corrected_matmul on the CPU: emulates the tensor-core kernels' arithmetic step by step, so that the
 // numerics of each method are tested without a GPU and serve as the reference for the CUDA kernels.
 //
-// Per output element and per k-step (16 for fp16, 8 for tf32):
+// Per output element, per chunk of kAccumulationChunk elements of K, per k-step (16 for fp16, 8 for tf32):
 //   main += fp32( sum_k hiA*hiB )              (exact products, fp32 sum; added outside the tensor core)
 //   corr += fp32( sum_k loA*hiB ); corr += fp32( sum_k hiA*loB )   (chained in their own accumulator)
-// result = main + corr * lo_unscale, then the power-of-two row/column scaling (fp16) is undone.
-// A non-finite main sum is returned as it is (an Inf times a residual must not turn into NaN).
+// chunk = main + corr * lo_unscale (a non-finite main is taken as it is: an Inf times a residual must not
+// turn into NaN); the chunks are summed in fp32, then the power-of-two row/column scaling (fp16) is undone.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -70,18 +70,24 @@ SplitOperand split_operand(const at::Tensor& mat) {
 
 float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, std::int64_t k,
                     int k_step, float lo_unscale) {
-  float main = 0.0f, corr = 0.0f;
-  for (std::int64_t k0 = 0; k0 < k; k0 += k_step) {
-    const std::int64_t k1 = std::min<std::int64_t>(k, k0 + k_step);
-    float hh = 0.0f, lh = 0.0f, hl = 0.0f;
-    for (std::int64_t i = k0; i < k1; ++i) hh += a_hi[i] * b_hi[i];
-    for (std::int64_t i = k0; i < k1; ++i) lh += a_lo[i] * b_hi[i];
-    for (std::int64_t i = k0; i < k1; ++i) hl += a_hi[i] * b_lo[i];
-    main += hh;
-    corr += lh;
-    corr += hl;
+  float total = 0.0f;
+  for (std::int64_t c0 = 0; c0 < k; c0 += kAccumulationChunk) {
+    const std::int64_t c1 = std::min<std::int64_t>(k, c0 + kAccumulationChunk);
+    float main = 0.0f, corr = 0.0f;
+    for (std::int64_t k0 = c0; k0 < c1; k0 += k_step) {
+      const std::int64_t k1 = std::min<std::int64_t>(c1, k0 + k_step);
+      float hh = 0.0f, lh = 0.0f, hl = 0.0f;
+      for (std::int64_t i = k0; i < k1; ++i) hh += a_hi[i] * b_hi[i];
+      for (std::int64_t i = k0; i < k1; ++i) lh += a_lo[i] * b_hi[i];
+      for (std::int64_t i = k0; i < k1; ++i) hl += a_hi[i] * b_lo[i];
+      main += hh;
+      corr += lh;
+      corr += hl;
+    }
+    const float chunk = std::isfinite(main) ? main + corr * lo_unscale : main;
+    total = c0 == 0 ? chunk : total + chunk;
   }
-  return std::isfinite(main) ? main + corr * lo_unscale : main;
+  return total;
 }
 
 void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, Method method) {

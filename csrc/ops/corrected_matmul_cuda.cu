@@ -7,13 +7,16 @@
 //    column's power of two and split into hi and residual with wmmae::split_fp16 / split_tf32 while it
 //    goes to shared memory (no stored hi/lo copies in global memory). Per k-step three mma's: hi*hi into a
 //    zero accumulator that is added to the fp32 result outside the tensor core (round to nearest), and
-//    lo*hi + hi*lo chained in a correction accumulator.
+//    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks of kAccumulationChunk whose
+//    results are added in the output tile (two-level summation, no extra registers).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
 //    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <atomic>
 
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
@@ -156,97 +159,182 @@ void launch_line_ranges(const LinesArgs& args, std::int64_t num_batches, cudaStr
 // GEMM
 // ------------------------------------------------------------------------------------------------------
 
-// One k-step of an operand tile in registers: kRows x kStep (A) or kStep x kCols (B) values, 8 per thread,
-// read along the operand's contiguous dimension.
-template <int kOuter, int kInner>
-struct TileRegs {
-  static constexpr int kPerThread = kOuter * kInner / kThreads;
-  float v[kPerThread];
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// One operand tile in shared memory, in the operand's orientation in global memory: kOuter lines of kInner
+// contiguous elements, each line padded (bank conflicts; 16-byte and 32-byte alignment of fragments).
+template <bool kRowMajor, int kRows, int kCols>
+struct TileGeometry {
+  static constexpr int kOuter = kRowMajor ? kRows : kCols;
+  static constexpr int kInner = kRowMajor ? kCols : kRows;
+  // Offset of matrix element (r, c) of the tile in a buffer with leading dimension ld.
+  __device__ static constexpr int offset(int r, int c, int ld) { return kRowMajor ? r * ld + c : c * ld + r; }
 };
 
-// Loads the tile (outer, inner) at [o0, o0 + kOuter) x [i0, i0 + kInner) of a matrix whose inner dimension
-// has stride inner_stride and outer dimension outer_stride; out-of-range elements read as 0.
+template <Method M, bool kARowMajor, bool kBRowMajor>
+struct GemmConfig {
+  using T = MethodTraits<M>;
+  static constexpr int kStep = T::kStep;
+  static constexpr int kBlockK = M == Method::fp16 ? 32 : 16;  // k extent of one pipeline stage
+  static constexpr int kStages = 4;                            // fp32 stages in flight (cp.async)
+  static_assert((kStages & (kStages - 1)) == 0, "stage slots are taken with a mask");
+  using A = TileGeometry<kARowMajor, kBlockM, kBlockK>;
+  using B = TileGeometry<kBRowMajor, kBlockK, kBlockN>;
+  static constexpr int kLdStageA = A::kInner + 4, kLdStageB = B::kInner + 4;           // floats
+  static constexpr int kLdSplitA = A::kInner + T::kPad, kLdSplitB = B::kInner + T::kPad;  // split elements
+  static constexpr int kStageA = A::kOuter * kLdStageA, kStageB = B::kOuter * kLdStageB;
+  static constexpr int kSplitA = A::kOuter * kLdSplitA, kSplitB = B::kOuter * kLdSplitB;
+  using Split = typename T::Smem;
+  // Dynamic shared memory: fp32 stages, then double-buffered hi/lo tiles, then per-line scales.
+  static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (kStageA + kStageB);
+  static constexpr std::size_t kSplitBytes = sizeof(Split) * 2 * 2 * (kSplitA + kSplitB);
+  static constexpr std::size_t kScaleBytes = (sizeof(float) + sizeof(int)) * (kBlockM + kBlockN);
+  static constexpr std::size_t kSmemBytes = kStageBytes + kSplitBytes + kScaleBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
+};
+
+// The chunks (4 consecutive inner elements) a thread copies and splits in a kOuter x kInner tile: lines
+// line0 + q * kLineStep for q < kChunksPerThread, all at inner offset `inner`.
 template <int kOuter, int kInner>
-__device__ inline void load_tile(TileRegs<kOuter, kInner>& regs, const float* base, std::int64_t outer_stride,
-                                 std::int64_t inner_stride, std::int64_t outer_extent, std::int64_t inner_extent,
-                                 std::int64_t o0, std::int64_t i0, bool vec4) {
-  constexpr int kPer = TileRegs<kOuter, kInner>::kPerThread;
-  constexpr int kThreadsPerLine = kInner / kPer;
-  const int t = threadIdx.x;
-  const std::int64_t o = o0 + t / kThreadsPerLine;
-  const std::int64_t i = i0 + (t % kThreadsPerLine) * kPer;
-  const float* p = base + o * outer_stride + i * inner_stride;
-  if (vec4 && o < outer_extent && i + kPer <= inner_extent) {
+struct ChunkPlan {
+  static constexpr int kChunksPerLine = kInner / 4;
+  static constexpr int kLineStep = kThreads / kChunksPerLine;
+  static constexpr int kChunksPerThread = kOuter / kLineStep;
+  static_assert(kThreads % kChunksPerLine == 0 && kOuter % kLineStep == 0, "chunks must divide among threads");
+  int line0, inner;
+  __device__ ChunkPlan() : line0(threadIdx.x / kChunksPerLine), inner((threadIdx.x % kChunksPerLine) * 4) {}
+};
+
+// Issues the cp.async copies of one fp32 tile: lines [o0, o0 + kOuter) x inner [i0, i0 + kInner) of a matrix
+// with contiguous inner dimension; elements outside (outer_extent, inner_extent) are zero-filled.
+template <int kOuter, int kInner, int kLd>
+__device__ __forceinline__ void load_stage(float* dst, const float* base, std::int64_t outer_stride,
+                                           std::int64_t outer_extent, std::int64_t inner_extent, std::int64_t o0,
+                                           std::int64_t i0, bool vec4) {
+  using Plan = ChunkPlan<kOuter, kInner>;
+  const Plan plan;
+  const float* src = base + (o0 + plan.line0) * outer_stride + i0 + plan.inner;
+  float* d = dst + plan.line0 * kLd + plan.inner;
+  const std::int64_t line_step = Plan::kLineStep * outer_stride;
+  if (vec4 && o0 + kOuter <= outer_extent && i0 + kInner <= inner_extent) {
+    // Interior tile (the common case): no bounds checks.
 #pragma unroll
-    for (int q = 0; q < kPer / 4; ++q) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(p) + q);
-      regs.v[4 * q] = f.x;
-      regs.v[4 * q + 1] = f.y;
-      regs.v[4 * q + 2] = f.z;
-      regs.v[4 * q + 3] = f.w;
-    }
-  } else {
+    for (int q = 0; q < Plan::kChunksPerThread; ++q) cp_async16(d + q * Plan::kLineStep * kLd, src + q * line_step, true);
+    return;
+  }
+#pragma unroll 1
+  for (int q = 0; q < Plan::kChunksPerThread; ++q) {
+    const std::int64_t go = o0 + plan.line0 + q * Plan::kLineStep, gi = i0 + plan.inner;
+    const float* s = src + q * line_step;
+    float* dq = d + q * Plan::kLineStep * kLd;
+    const bool line_ok = go < outer_extent;
+    if (vec4 && line_ok && gi + 4 <= inner_extent) {
+      cp_async16(dq, s, true);
+    } else {
 #pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      regs.v[q] = (o < outer_extent && i + q < inner_extent) ? __ldg(p + q * inner_stride) : 0.0f;
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = line_ok && gi + e < inner_extent;
+        cp_async4(dq + e, ok ? s + e : base, ok);
+      }
     }
   }
 }
 
-template <Method M>
-struct SharedTiles {
-  using T = MethodTraits<M>;
-  using S = typename T::Smem;
-  static constexpr int kLdA = T::kStep + T::kPad;  // A stored row-major [kBlockM][kStep]
-  static constexpr int kLdB = kBlockN + T::kPad;   // B stored row-major [kStep][kBlockN]
-  S a_hi[2][kBlockM * kLdA];
-  S a_lo[2][kBlockM * kLdA];
-  S b_hi[2][T::kStep * kLdB];
-  S b_lo[2][T::kStep * kLdB];
-  float a_scale[kBlockM];  // 2^shift per row of A / column of B (fp16); 1 for tf32
-  float b_scale[kBlockN];
-  int a_shift[kBlockM];
-  int b_shift[kBlockN];
-};
+__device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) {
+  return make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&b));
+}
 
-template <Method M>
-__device__ inline void split_store(typename MethodTraits<M>::Smem* hi, typename MethodTraits<M>::Smem* lo, int idx,
-                                   float v, float scale) {
-  if constexpr (M == Method::fp16) {
-    __half h, l;
-    wmmae::split_fp16<wmmae::DeviceHalfRounding>(v * scale, h, l);
-    hi[idx] = h;
-    lo[idx] = l;
-  } else {
-    const wmmae::Tf32Split s = wmmae::split_tf32(v);
-    hi[idx] = s.hi;
-    lo[idx] = s.lo;
+// Splits one fp32 stage into hi and lo tiles (same orientation). Each element is scaled by its line's
+// factor first (fp16: the power of two of its row of A / column of B; tf32: none). `kScaleAlongInner`: the
+// scaled lines (rows of A, columns of B) run along the tile's inner dimension.
+template <Method M, int kOuter, int kInner, int kLdStage, int kLdSplit, bool kScaleAlongInner>
+__device__ __forceinline__ void split_stage(const float* stage, typename MethodTraits<M>::Smem* hi,
+                                            typename MethodTraits<M>::Smem* lo, const float* scale) {
+  using Plan = ChunkPlan<kOuter, kInner>;
+  const Plan plan;
+  const float* src = stage + plan.line0 * kLdStage + plan.inner;
+  const int dst = plan.line0 * kLdSplit + plan.inner;
+  float4 inner_scale = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+  if (M == Method::fp16 && kScaleAlongInner) inner_scale = *reinterpret_cast<const float4*>(scale + plan.inner);
+#pragma unroll
+  for (int q = 0; q < Plan::kChunksPerThread; ++q) {
+    float4 v = *reinterpret_cast<const float4*>(src + q * Plan::kLineStep * kLdStage);
+    const int off = dst + q * Plan::kLineStep * kLdSplit;
+    if constexpr (M == Method::fp16) {
+      if constexpr (kScaleAlongInner) {
+        v = make_float4(v.x * inner_scale.x, v.y * inner_scale.y, v.z * inner_scale.z, v.w * inner_scale.w);
+      } else {
+        const float s = scale[plan.line0 + q * Plan::kLineStep];
+        v = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+      }
+      // split_fp16 on pairs: hi = fp16(v), lo = fp16((v - hi) * 2^11). A non-finite v leaves a NaN in lo,
+      // which never reaches a result: its product makes the hi*hi sum non-finite, and the epilogue then
+      // returns that sum alone.
+      const __half2 h01 = __floats2half2_rn(v.x, v.y), h23 = __floats2half2_rn(v.z, v.w);
+      const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+      constexpr float r = wmmae::kFp16ResidualScale;
+      const __half2 l01 = __floats2half2_rn((v.x - f01.x) * r, (v.y - f01.y) * r);
+      const __half2 l23 = __floats2half2_rn((v.z - f23.x) * r, (v.w - f23.y) * r);
+      *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
+      *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
+    } else {
+      const wmmae::Tf32Split t0 = wmmae::split_tf32(v.x), t1 = wmmae::split_tf32(v.y);
+      const wmmae::Tf32Split t2 = wmmae::split_tf32(v.z), t3 = wmmae::split_tf32(v.w);
+      *reinterpret_cast<float4*>(hi + off) = make_float4(t0.hi, t1.hi, t2.hi, t3.hi);
+      *reinterpret_cast<float4*>(lo + off) = make_float4(t0.lo, t1.lo, t2.lo, t3.lo);
+    }
   }
 }
 
 template <Method M, bool kARowMajor, bool kBRowMajor>
-__global__ void __launch_bounds__(kThreads) corrected_gemm_kernel(GemmArgs args) {
+__global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs args) {
+  using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
   using T = MethodTraits<M>;
-  constexpr int kStep = T::kStep;
-  using Smem = SharedTiles<M>;
-  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, kStep, typename T::FragT, wmma::row_major>;
-  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, kStep, typename T::FragT, wmma::row_major>;
+  using Split = typename Cfg::Split;
+  constexpr int kStep = Cfg::kStep, kBlockK = Cfg::kBlockK, kStages = Cfg::kStages;
+  using LayoutA = typename std::conditional<kARowMajor, wmma::row_major, wmma::col_major>::type;
+  using LayoutB = typename std::conditional<kBRowMajor, wmma::row_major, wmma::col_major>::type;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, kStep, typename T::FragT, LayoutA>;
+  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, kStep, typename T::FragT, LayoutB>;
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, kStep, float>;
-  // A tile in registers: outer/inner along A's contiguous dimension.
-  using ARegs = typename std::conditional<kARowMajor, TileRegs<kBlockM, kStep>, TileRegs<kStep, kBlockM>>::type;
-  using BRegs = typename std::conditional<kBRowMajor, TileRegs<kStep, kBlockN>, TileRegs<kBlockN, kStep>>::type;
 
-  __shared__ __align__(128) Smem smem;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* stage_a = reinterpret_cast<float*>(smem_raw);
+  float* stage_b = stage_a + kStages * Cfg::kStageA;
+  Split* split_base = reinterpret_cast<Split*>(stage_b + kStages * Cfg::kStageB);
+  // hi/lo tiles: [buffer][hi, lo]
+  auto split_a = [&](int buf, int part) { return split_base + (buf * 2 + part) * Cfg::kSplitA; };
+  auto split_b = [&](int buf, int part) { return split_base + 4 * Cfg::kSplitA + (buf * 2 + part) * Cfg::kSplitB; };
+  float* a_scale = reinterpret_cast<float*>(split_base + 4 * (Cfg::kSplitA + Cfg::kSplitB));
+  float* b_scale = a_scale + kBlockM;
+  int* a_shift = reinterpret_cast<int*>(b_scale + kBlockN);
+  int* b_shift = a_shift + kBlockM;
 
-  // Tile order: groups of kGroupM tile rows, column by column inside a group.
-  const std::int64_t tiles_m = (args.m + kBlockM - 1) / kBlockM, tiles_n = (args.n + kBlockN - 1) / kBlockN;
+  const std::int64_t m = args.m, n = args.n, k = args.k;
+  const std::int64_t a_rs = args.a_rs, a_ks = args.a_ks, b_ks = args.b_ks, b_cs = args.b_cs;
+  const Method method = args.method;
+  const RangeArrays a_ranges = args.a_ranges, b_ranges = args.b_ranges;
+
+  // Tile order: groups of kGroupM tile rows, column by column inside a group (L2 reuse of B).
+  const std::int64_t tiles_m = (m + kBlockM - 1) / kBlockM, tiles_n = (n + kBlockN - 1) / kBlockN;
   const std::int64_t tile = blockIdx.x;
-  const std::int64_t group = tile / (kGroupM * tiles_n);
-  const std::int64_t first_m = group * kGroupM;
+  const std::int64_t first_m = tile / (kGroupM * tiles_n) * kGroupM;
   const std::int64_t group_rows = min(static_cast<std::int64_t>(kGroupM), tiles_m - first_m);
   const std::int64_t tm = first_m + (tile % (kGroupM * tiles_n)) % group_rows;
   const std::int64_t tn = (tile % (kGroupM * tiles_n)) / group_rows;
   const std::int64_t m0 = tm * kBlockM, n0 = tn * kBlockN;
+  const int warp = threadIdx.x / 32;
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
 
   for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
     std::int64_t a_off, b_off;
@@ -254,42 +342,52 @@ __global__ void __launch_bounds__(kThreads) corrected_gemm_kernel(GemmArgs args)
     const float* a = args.a + a_off;
     const float* b = args.b + b_off;
 
-    // Scales, and in auto mode whether this kernel owns the tile.
-    bool tile_fp16_safe = true;
+    // Line scales (fp16), and in auto mode whether this kernel owns the tile.
+    bool lines_fp16_safe = true;
     for (int r = threadIdx.x; r < kBlockM + kBlockN; r += kThreads) {
       const bool is_a = r < kBlockM;
       const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
+      const std::int64_t extent = is_a ? m : n;
       int shift = 0;
-      if (M == Method::fp16 && line < (is_a ? args.m : args.n)) {
-        const ExponentRange range =
-            load_range(is_a ? args.a_ranges : args.b_ranges, z * (is_a ? args.m : args.n) + line);
-        shift = fp16_shift(range);
-        tile_fp16_safe &= fp16_safe(range);
+      if (method != Method::tf32 && line < extent) {
+        const ExponentRange range = load_range(is_a ? a_ranges : b_ranges, z * extent + line);
+        shift = M == Method::fp16 ? fp16_shift(range) : 0;
+        lines_fp16_safe &= fp16_safe(range);
       }
-      if (is_a) {
-        smem.a_shift[r] = shift;
-        smem.a_scale[r] = ldexpf(1.0f, shift);
-      } else {
-        smem.b_shift[r - kBlockM] = shift;
-        smem.b_scale[r - kBlockM] = ldexpf(1.0f, shift);
-      }
+      (is_a ? a_shift[r] : b_shift[r - kBlockM]) = shift;
+      (is_a ? a_scale[r] : b_scale[r - kBlockM]) = ldexpf(1.0f, shift);
     }
-    if (M == Method::tf32 && args.method == Method::automatic) {
-      // The tf32 kernel owns the tiles that the fp16 kernel does not.
-      for (int r = threadIdx.x; r < kBlockM + kBlockN; r += kThreads) {
-        const bool is_a = r < kBlockM;
-        const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
-        if (line < (is_a ? args.m : args.n)) {
-          tile_fp16_safe &= fp16_safe(load_range(is_a ? args.a_ranges : args.b_ranges,
-                                                 z * (is_a ? args.m : args.n) + line));
-        }
-      }
-    }
-    const bool all_safe = __syncthreads_and(tile_fp16_safe);
-    if (args.method == Method::automatic && all_safe != (M == Method::fp16)) continue;
+    const bool tile_fp16_safe = __syncthreads_and(lines_fp16_safe);
+    if (method == Method::automatic && tile_fp16_safe != (M == Method::fp16)) continue;
 
-    const int warp = threadIdx.x / 32;
-    const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+    const bool a_vec4 = (kARowMajor ? a_rs : a_ks) % 4 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0;
+    const bool b_vec4 = (kBRowMajor ? b_ks : b_cs) % 4 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
+    auto issue_stage = [&](int kt) {
+      float* sa = stage_a + (kt & (kStages - 1)) * Cfg::kStageA;
+      float* sb = stage_b + (kt & (kStages - 1)) * Cfg::kStageB;
+      const std::int64_t k0 = kt * kBlockK;
+      if constexpr (kARowMajor) {
+        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_rs, m, k, m0, k0, a_vec4);
+      } else {
+        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_ks, k, m, k0, m0, a_vec4);
+      }
+      if constexpr (kBRowMajor) {
+        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_ks, k, n, k0, n0, b_vec4);
+      } else {
+        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_cs, n, k, n0, k0, b_vec4);
+      }
+    };
+    auto split = [&](int kt) {
+      const int buf = kt & 1;
+      const float* sa = stage_a + (kt & (kStages - 1)) * Cfg::kStageA;
+      const float* sb = stage_b + (kt & (kStages - 1)) * Cfg::kStageB;
+      // A's scaled lines are its rows (outer when row-major); B's are its columns (inner when row-major).
+      split_stage<M, Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA, Cfg::kLdSplitA, !kARowMajor>(
+          sa, split_a(buf, 0), split_a(buf, 1), a_scale);
+      split_stage<M, Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB, Cfg::kLdSplitB, kBRowMajor>(
+          sb, split_b(buf, 0), split_b(buf, 1), b_scale);
+    };
+
     Acc main_acc[kFragsM][kFragsN], corr_acc[kFragsM][kFragsN];
 #pragma unroll
     for (int i = 0; i < kFragsM; ++i) {
@@ -300,114 +398,127 @@ __global__ void __launch_bounds__(kThreads) corrected_gemm_kernel(GemmArgs args)
       }
     }
 
-    const bool a_vec4 = (kARowMajor ? args.a_ks == 1 && args.a_rs % 4 == 0 : args.a_rs == 1 && args.a_ks % 4 == 0) &&
-                        reinterpret_cast<std::uintptr_t>(a) % 16 == 0;
-    const bool b_vec4 = (kBRowMajor ? args.b_cs == 1 && args.b_ks % 4 == 0 : args.b_ks == 1 && args.b_cs % 4 == 0) &&
-                        reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
-    ARegs a_regs;
-    BRegs b_regs;
-    auto load_k_step = [&](std::int64_t k0) {
-      if constexpr (kARowMajor) load_tile(a_regs, a, args.a_rs, args.a_ks, args.m, args.k, m0, k0, a_vec4);
-      else load_tile(a_regs, a, args.a_ks, args.a_rs, args.k, args.m, k0, m0, a_vec4);
-      if constexpr (kBRowMajor) load_tile(b_regs, b, args.b_ks, args.b_cs, args.k, args.n, k0, n0, b_vec4);
-      else load_tile(b_regs, b, args.b_cs, args.b_ks, args.n, args.k, n0, k0, b_vec4);
-    };
-    // Scale, split and store one k-step into buffer `buf` ([m][k] for A, [k][n] for B).
-    auto stage_k_step = [&](int buf) {
-      constexpr int kPerA = ARegs::kPerThread, kPerB = BRegs::kPerThread;
-      {
-        constexpr int kInner = kARowMajor ? kStep : kBlockM;
-        const int o = threadIdx.x / (kInner / kPerA), i = (threadIdx.x % (kInner / kPerA)) * kPerA;
-#pragma unroll
-        for (int q = 0; q < kPerA; ++q) {
-          const int row = kARowMajor ? o : i + q, kk = kARowMajor ? i + q : o;
-          split_store<M>(smem.a_hi[buf], smem.a_lo[buf], row * Smem::kLdA + kk, a_regs.v[q], smem.a_scale[row]);
-        }
-      }
-      {
-        constexpr int kInner = kBRowMajor ? kBlockN : kStep;
-        const int o = threadIdx.x / (kInner / kPerB), i = (threadIdx.x % (kInner / kPerB)) * kPerB;
-#pragma unroll
-        for (int q = 0; q < kPerB; ++q) {
-          const int col = kBRowMajor ? i + q : o, kk = kBRowMajor ? o : i + q;
-          split_store<M>(smem.b_hi[buf], smem.b_lo[buf], kk * Smem::kLdB + col, b_regs.v[q], smem.b_scale[col]);
-        }
-      }
-    };
-
-    const std::int64_t k_steps = (args.k + kStep - 1) / kStep;
-    if (k_steps > 0) {
-      load_k_step(0);
-      stage_k_step(0);
-    }
-    __syncthreads();
-    for (std::int64_t ks = 0; ks < k_steps; ++ks) {
-      const int buf = static_cast<int>(ks & 1);
-      if (ks + 1 < k_steps) load_k_step((ks + 1) * kStep);
-
-      FragB b_hi[kFragsN], b_lo[kFragsN];
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-        const int col = wn * kWarpTileN + j * 16;
-        wmma::load_matrix_sync(b_hi[j], smem.b_hi[buf] + col, Smem::kLdB);
-        wmma::load_matrix_sync(b_lo[j], smem.b_lo[buf] + col, Smem::kLdB);
-      }
+    // End of a chunk of K (corrected_matmul_scheme.hpp): combine the accumulators, add the chunk to the
+    // partial sum kept in the output (each element is read and written by the lane that owns it), and after
+    // the last chunk undo the scaling. Then restart the accumulators from zero.
+    float* c = args.c + z * m * n;
+    auto flush = [&](bool first_chunk, bool last_chunk) {
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
-        FragA a_hi, a_lo;
-        const int row = wm * kWarpTileM + i * 16;
-        wmma::load_matrix_sync(a_hi, smem.a_hi[buf] + row * Smem::kLdA, Smem::kLdA);
-        wmma::load_matrix_sync(a_lo, smem.a_lo[buf] + row * Smem::kLdA, Smem::kLdA);
 #pragma unroll
         for (int j = 0; j < kFragsN; ++j) {
-          Acc hh;
-          wmma::fill_fragment(hh, 0.0f);
-          wmma::mma_sync(hh, a_hi, b_hi[j], hh);
-#pragma unroll
-          for (int x = 0; x < Acc::num_elements; ++x) main_acc[i][j].x[x] += hh.x[x];
-          wmma::mma_sync(corr_acc[i][j], a_lo, b_hi[j], corr_acc[i][j]);
-          wmma::mma_sync(corr_acc[i][j], a_hi, b_lo[j], corr_acc[i][j]);
+          const int r0 = wm * kWarpTileM + i * 16, c0 = wn * kWarpTileN + j * 16;
+          const std::int64_t gr = m0 + r0, gc = n0 + c0;
+          if (gr < m && gc < n) {
+            const wmmae::TileBounds bounds{static_cast<int>(min(static_cast<std::int64_t>(16), m - gr)),
+                                           static_cast<int>(min(static_cast<std::int64_t>(16), n - gc))};
+            const Acc& corr = corr_acc[i][j];
+            const Acc& hh_sum = main_acc[i][j];
+            wmmae::foreach_ij(hh_sum, [&](auto xs, int r, int cc) {
+              if (!bounds.contains(r, cc)) return;
+              const float hh = hh_sum.x[xs.first];
+              float v = isfinite(hh) ? hh + corr.x[xs.first] * T::kLoUnscale : hh;
+              float* out = c + (gr + r) * n + gc + cc;
+              if (!first_chunk) v = *out + v;
+              if (M == Method::fp16 && last_chunk) v = ldexpf(v, -(a_shift[r0 + r] + b_shift[c0 + cc]));
+              *out = v;
+            });
+          }
+          if (!last_chunk) {
+            wmma::fill_fragment(main_acc[i][j], 0.0f);
+            wmma::fill_fragment(corr_acc[i][j], 0.0f);
+          }
         }
       }
-      if (ks + 1 < k_steps) stage_k_step(buf ^ 1);
-      __syncthreads();
-    }
+    };
+    constexpr int kChunkStages = kAccumulationChunk / kBlockK;
+    static_assert(kAccumulationChunk % kBlockK == 0, "chunks hold whole stages");
 
-    // Epilogue: combine, undo the scaling, store the in-range part of each 16x16 tile.
-    float* c = args.c + z * args.m * args.n;
+    const int k_tiles = static_cast<int>((k + kBlockK - 1) / kBlockK);  // K < 2^31 * kBlockK (checked on the host)
+    // Prologue: stages 0 .. kStages-2 in flight, stage 0 split.
 #pragma unroll
-    for (int i = 0; i < kFragsM; ++i) {
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-        const int r0 = wm * kWarpTileM + i * 16, c0 = wn * kWarpTileN + j * 16;
-        const std::int64_t gr = m0 + r0, gc = n0 + c0;
-        if (gr >= args.m || gc >= args.n) continue;
-        const wmmae::TileBounds bounds{static_cast<int>(min(static_cast<std::int64_t>(16), args.m - gr)),
-                                       static_cast<int>(min(static_cast<std::int64_t>(16), args.n - gc))};
-        const Acc& corr = corr_acc[i][j];
-        wmmae::foreach_ij(main_acc[i][j], [&](auto xs, int r, int cc) {
-          if (!bounds.contains(r, cc)) return;
-          const float hh = main_acc[i][j].x[xs.first];
-          float v = isfinite(hh) ? hh + corr.x[xs.first] * T::kLoUnscale : hh;
-          if (M == Method::fp16) v = ldexpf(v, -(smem.a_shift[r0 + r] + smem.b_shift[c0 + cc]));
-          c[(gr + r) * args.n + gc + cc] = v;
-        });
-      }
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) issue_stage(s);
+      cp_async_commit();
     }
-    __syncthreads();  // the next batch index rewrites the scales
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    split(0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      // Stage kt+1 has landed (own copies; the barrier makes everyone's visible), hi/lo of stage kt is
+      // complete, and everyone is done with the buffers that are about to be overwritten.
+      cp_async_wait<kStages - 3>();
+      __syncthreads();
+      if (kt + kStages - 1 < k_tiles) issue_stage(kt + kStages - 1);
+      cp_async_commit();
+      if (kt + 1 < k_tiles) split(kt + 1);
+
+      const int buf = kt & 1;
+      const Split* a_hi = split_a(buf, 0);
+      const Split* a_lo = split_a(buf, 1);
+      const Split* b_hi = split_b(buf, 0);
+      const Split* b_lo = split_b(buf, 1);
+#pragma unroll
+      for (int ks = 0; ks < kBlockK / kStep; ++ks) {
+        FragB bh[kFragsN], bl[kFragsN];
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j) {
+          const int off = Cfg::B::offset(ks * kStep, wn * kWarpTileN + j * 16, Cfg::kLdSplitB);
+          wmma::load_matrix_sync(bh[j], b_hi + off, Cfg::kLdSplitB);
+          wmma::load_matrix_sync(bl[j], b_lo + off, Cfg::kLdSplitB);
+        }
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i) {
+          FragA ah, al;
+          const int off = Cfg::A::offset(wm * kWarpTileM + i * 16, ks * kStep, Cfg::kLdSplitA);
+          wmma::load_matrix_sync(ah, a_hi + off, Cfg::kLdSplitA);
+          wmma::load_matrix_sync(al, a_lo + off, Cfg::kLdSplitA);
+#pragma unroll
+          for (int j = 0; j < kFragsN; ++j) {
+            Acc hh;
+            wmma::fill_fragment(hh, 0.0f);
+            wmma::mma_sync(hh, ah, bh[j], hh);
+#pragma unroll
+            for (int x = 0; x < Acc::num_elements; ++x) main_acc[i][j].x[x] += hh.x[x];
+            wmma::mma_sync(corr_acc[i][j], al, bh[j], corr_acc[i][j]);
+            wmma::mma_sync(corr_acc[i][j], ah, bl[j], corr_acc[i][j]);
+          }
+        }
+      }
+      if ((kt + 1) % kChunkStages == 0 || kt + 1 == k_tiles) flush(kt < kChunkStages, kt + 1 == k_tiles);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next batch index rewrites the scales and the stages
   }
+}
+
+template <Method M, bool kARowMajor, bool kBRowMajor>
+void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
+  using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
+  auto kernel = corrected_gemm_kernel<M, kARowMajor, kBRowMajor>;
+  // Above 48 KB, dynamic shared memory must be enabled per kernel and device.
+  static std::atomic<std::uint64_t> configured_devices{0};
+  const int device = c10::cuda::current_device();
+  const std::uint64_t bit = std::uint64_t{1} << (device % 64);
+  if (!(configured_devices.load() & bit)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Cfg::kSmemBytes)));
+    configured_devices.fetch_or(bit);
+  }
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
   const std::int64_t tiles = ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
+  TORCH_CHECK(args.k / 32 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(std::min<std::int64_t>(args.num_batches, 65535)));
-  if (a_row_major && b_row_major) corrected_gemm_kernel<M, true, true><<<grid, kThreads, 0, stream>>>(args);
-  else if (a_row_major) corrected_gemm_kernel<M, true, false><<<grid, kThreads, 0, stream>>>(args);
-  else if (b_row_major) corrected_gemm_kernel<M, false, true><<<grid, kThreads, 0, stream>>>(args);
-  else corrected_gemm_kernel<M, false, false><<<grid, kThreads, 0, stream>>>(args);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, grid, stream);
+  else if (a_row_major) launch_gemm_variant<M, true, false>(args, grid, stream);
+  else if (b_row_major) launch_gemm_variant<M, false, true>(args, grid, stream);
+  else launch_gemm_variant<M, false, false>(args, grid, stream);
 }
 
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one

@@ -18,6 +18,11 @@ Method method_from_string(const std::string& name);
 constexpr int kFp16KStep = 16;
 constexpr int kTf32KStep = 8;
 
+// K is summed in chunks of this many elements: each chunk accumulates from zero and the chunk results are
+// added in fp32. Two-level summation: the rounding error grows like (kAccumulationChunk / k-step + K /
+// kAccumulationChunk) ulps instead of K / k-step (it matters for long K with same-signed products).
+constexpr int kAccumulationChunk = 4096;
+
 // Exponent summary of one row of A or one column of B: floor(log2|v|) over its finite non-zero elements.
 struct ExponentRange {
   int max_exp;     // kNoExponent when the row has no finite non-zero element

@@ -57,6 +57,12 @@ struct fragment_traits<nvcuda::wmma::fragment<U, M, N, K, T, L>> {
   static constexpr Order order = detail::order_of<L>::value;
   static constexpr int m = M, n = N, k = K;
   static constexpr CoreLayout layout = detail::compiled_layout(use, M, N, K, elem);
+  // (row, col) of element X of `lane`; X is a compile-time constant, so only lane arithmetic remains.
+  template <int X>
+  WMMAE_HD static constexpr RowCol position(int lane) {
+    constexpr RowCol origin = layout.origin(X);
+    return core_position(origin, layout.run, layout.transposed, lane, X);
+  }
   static_assert(layout.num_elements == fragment_type::num_elements,
                 "wmmae: the layout of this fragment type is not known for the architecture being compiled "
                 "(measure it with fragment_map(..., device='cuda') and add it to csrc/wmmae/layout.hpp)");

@@ -43,14 +43,24 @@ struct CoreLayout {
   WMMAE_HD constexpr int period() const { return run * num_cores; }
   WMMAE_HD constexpr int copies() const { return num_elements / period(); }
 
-  WMMAE_HD constexpr RowCol at(int lane, int x) const {
-    const int core = (x / run) % num_cores;
-    const int along = run * (lane % 4) + x % run;
-    const int across = lane / 4;
-    return transposed ? RowCol{offset[core].row + along, offset[core].col + across}
-                      : RowCol{offset[core].row + across, offset[core].col + along};
-  }
+  // Top-left corner of the core matrix that element x belongs to.
+  WMMAE_HD constexpr RowCol origin(int x) const { return offset[(x / run) % num_cores]; }
+
+  WMMAE_HD constexpr RowCol at(int lane, int x) const;
 };
+
+// Position of element x of `lane` inside a core matrix whose corner is `origin`. Split from
+// CoreLayout::at so that device code can fold origin(x) at compile time and keep the descriptor itself
+// out of registers and local memory.
+WMMAE_HD constexpr RowCol core_position(RowCol origin, int run, bool transposed, int lane, int x) {
+  const int along = run * (lane % 4) + x % run;
+  const int across = lane / 4;
+  return transposed ? RowCol{origin.row + along, origin.col + across} : RowCol{origin.row + across, origin.col + along};
+}
+
+WMMAE_HD constexpr RowCol CoreLayout::at(int lane, int x) const {
+  return core_position(origin(x), run, transposed, lane, x);
+}
 
 // (lane, x) pairs that hold one tile element: the inverse of CoreLayout::at.
 struct Holders {

@@ -16,7 +16,7 @@ namespace wmmae {
 // Small helpers
 // ------------------------------------------------------------------------------------------------------
 
-__device__ inline int lane_id() {
+__device__ __forceinline__ int lane_id() {
   unsigned lane;
   asm("mov.u32 %0, %%laneid;" : "=r"(lane));
   return static_cast<int>(lane);
@@ -24,12 +24,12 @@ __device__ inline int lane_id() {
 
 // Explicit conversions between element types (PyTorch builds with __CUDA_NO_HALF_CONVERSIONS__, so the
 // 16-bit types never convert implicitly). 16-bit results are rounded to nearest.
-template <class T> __device__ inline float to_float(T v) { return static_cast<float>(v); }
-template <> __device__ inline float to_float<__half>(__half v) { return __half2float(v); }
-template <> __device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 template <class To, class From>
-__device__ inline To convert(From v) {
+__device__ __forceinline__ To convert(From v) {
   if constexpr (std::is_same<To, From>::value) {
     return v;
   } else if constexpr (std::is_same<To, __half>::value) {
@@ -48,7 +48,7 @@ namespace detail {
 // Calls f(std::integral_constant<int, I>) for I = Begin .. End-1: the index is a compile-time constant in
 // f's body, so fragment registers are never indexed at run time (which would move them to local memory).
 template <int Begin, int End, class F>
-__device__ inline void static_for(F&& f) {
+__device__ __forceinline__ void static_for(F&& f) {
   if constexpr (Begin < End) {
     f(std::integral_constant<int, Begin>{});
     static_for<Begin + 1, End>(f);
@@ -67,7 +67,7 @@ struct ElementIndices {
 };
 
 template <class Frag, int First, int Period, int Count, class V>
-__device__ inline void assign(Frag& frag, ElementIndices<First, Period, Count>, V value) {
+__device__ __forceinline__ void assign(Frag& frag, ElementIndices<First, Period, Count>, V value) {
   detail::static_for<0, Count>([&](auto c) { frag.x[First + decltype(c)::value * Period] = value; });
 }
 
@@ -85,11 +85,11 @@ struct TileBounds {
 // f(x, i, j) for every element x of this lane's fragment (repeated elements included): (i, j) is the
 // element's position in the tile.
 template <class Frag, class F>
-__device__ inline void foreach(const Frag&, F&& f) {
-  constexpr CoreLayout L = fragment_traits<Frag>::layout;
+__device__ __forceinline__ void foreach(const Frag&, F&& f) {
+  using Tr = fragment_traits<Frag>;
   const int lane = lane_id();
-  detail::static_for<0, L.num_elements>([&](auto x) {
-    const RowCol rc = L.at(lane, decltype(x)::value);
+  detail::static_for<0, Tr::layout.num_elements>([&](auto x) {
+    const RowCol rc = Tr::template position<decltype(x)::value>(lane);
     f(decltype(x)::value, rc.row, rc.col);
   });
 }
@@ -97,12 +97,12 @@ __device__ inline void foreach(const Frag&, F&& f) {
 // f(xs, i, j) once for every distinct tile element (i, j) this lane holds; xs (an ElementIndices) lists
 // the fragment element indices that hold it. Write the callback as a generic lambda: [&](auto xs, int i, int j).
 template <class Frag, class F>
-__device__ inline void foreach_ij(const Frag&, F&& f) {
-  constexpr CoreLayout L = fragment_traits<Frag>::layout;
+__device__ __forceinline__ void foreach_ij(const Frag&, F&& f) {
+  using Tr = fragment_traits<Frag>;
   const int lane = lane_id();
-  detail::static_for<0, L.period()>([&](auto u) {
-    const RowCol rc = L.at(lane, decltype(u)::value);
-    f(ElementIndices<decltype(u)::value, L.period(), L.copies()>{}, rc.row, rc.col);
+  detail::static_for<0, Tr::layout.period()>([&](auto u) {
+    const RowCol rc = Tr::template position<decltype(u)::value>(lane);
+    f(ElementIndices<decltype(u)::value, Tr::layout.period(), Tr::layout.copies()>{}, rc.row, rc.col);
   });
 }
 
@@ -118,7 +118,7 @@ WMMAE_HD constexpr Holders map(int i, int j) {
 // ------------------------------------------------------------------------------------------------------
 
 template <class Frag>
-__device__ inline void fill_zero(Frag& frag) {
+__device__ __forceinline__ void fill_zero(Frag& frag) {
   using S = typename fragment_traits<Frag>::storage_type;
 #pragma unroll
   for (int x = 0; x < Frag::num_elements; ++x) frag.x[x] = convert<S>(0.0f);
@@ -126,7 +126,7 @@ __device__ inline void fill_zero(Frag& frag) {
 
 // alpha * I (paper section 4.2): for accumulators (alpha*I + A*B in one mma) and for operands.
 template <class Frag>
-__device__ inline void make_identity(Frag& frag, float alpha) {
+__device__ __forceinline__ void make_identity(Frag& frag, float alpha) {
   using S = typename fragment_traits<Frag>::storage_type;
   const S diagonal = convert<S>(alpha), zero = convert<S>(0.0f);
   foreach_ij(frag, [&](auto xs, int i, int j) { assign(frag, xs, i == j ? diagonal : zero); });
@@ -145,7 +145,7 @@ constexpr VectorAs default_vector_placement() {
 // zero-padded tile in memory (paper section 4.1). Element e is read at ptr[e * stride]; elements past
 // `count` are zero; only the lanes that hold the vector read memory, with no alignment requirement.
 template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>()>
-__device__ inline void load_vector(Frag& frag, const T* ptr, int count, float scale = 1.0f, long long stride = 1) {
+__device__ __forceinline__ void load_vector(Frag& frag, const T* ptr, int count, float scale = 1.0f, long long stride = 1) {
   using S = typename fragment_traits<Frag>::storage_type;
   const S zero = convert<S>(0.0f);
   foreach_ij(frag, [&](auto xs, int i, int j) {
@@ -159,7 +159,7 @@ __device__ inline void load_vector(Frag& frag, const T* ptr, int count, float sc
 
 // Writes the first column (or row) of a fragment to ptr[0..count): each element once.
 template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>()>
-__device__ inline void store_vector(T* ptr, const Frag& frag, int count, float scale = 1.0f) {
+__device__ __forceinline__ void store_vector(T* ptr, const Frag& frag, int count, float scale = 1.0f) {
   foreach_ij(frag, [&](auto xs, int i, int j) {
     const int along = Placement == VectorAs::column0 ? i : j;
     const int across = Placement == VectorAs::column0 ? j : i;
@@ -187,7 +187,7 @@ struct same_layout<Frag, Next, Rest...> {
 };
 
 template <class Frag, class T, class Op, class... Frags>
-__device__ inline void load_with_op(const T* ptr, unsigned ldm, bool row_major_memory, const TileBounds* bounds,
+__device__ __forceinline__ void load_with_op(const T* ptr, unsigned ldm, bool row_major_memory, const TileBounds* bounds,
                                     T fill, Op&& op, Frag& first, Frags&... rest) {
   static_assert(same_layout<Frag, Frags...>::value,
                 "load_matrices_with_op: all fragments must share one register layout");
@@ -213,20 +213,20 @@ __device__ constexpr bool operand_row_major() {
 // op(value, i, j, xs, frags...) fills all fragments at element indices xs (e.g. hi and lo parts of a
 // split). The memory layout is the fragments' own (row_major/col_major operands). Any ldm, any alignment.
 template <class T, class Op, class Frag, class... Frags>
-__device__ inline void load_matrices_with_op(const T* ptr, unsigned ldm, Op&& op, Frag& first, Frags&... rest) {
+__device__ __forceinline__ void load_matrices_with_op(const T* ptr, unsigned ldm, Op&& op, Frag& first, Frags&... rest) {
   detail::load_with_op(ptr, ldm, detail::operand_row_major<Frag>(), nullptr, T(), op, first, rest...);
 }
 
 // The same for a partial tile: elements outside `bounds` are not read; op sees `fill` for them.
 template <class T, class Op, class Frag, class... Frags>
-__device__ inline void load_matrices_with_op(const T* ptr, unsigned ldm, TileBounds bounds, T fill, Op&& op,
+__device__ __forceinline__ void load_matrices_with_op(const T* ptr, unsigned ldm, TileBounds bounds, T fill, Op&& op,
                                              Frag& first, Frags&... rest) {
   detail::load_with_op(ptr, ldm, detail::operand_row_major<Frag>(), &bounds, fill, op, first, rest...);
 }
 
 // Single-fragment form: frag's element (i, j) = op(memory value at (i, j)).
 template <class Frag, class T, class Op>
-__device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, Op&& op) {
+__device__ __forceinline__ void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, Op&& op) {
   using S = typename fragment_traits<Frag>::storage_type;
   load_matrices_with_op(ptr, ldm, [&](T v, int, int, auto xs, Frag& f) {
     assign(f, xs, convert<S>(op(v)));
@@ -234,7 +234,7 @@ __device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ld
 }
 
 template <class Frag, class T, class Op>
-__device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, TileBounds bounds, T fill,
+__device__ __forceinline__ void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, TileBounds bounds, T fill,
                                            Op&& op) {
   using S = typename fragment_traits<Frag>::storage_type;
   load_matrices_with_op(ptr, ldm, bounds, fill, [&](T v, int, int, auto xs, Frag& f) {
@@ -244,7 +244,7 @@ __device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ld
 
 // Accumulators: the memory layout is given, as for load_matrix_sync.
 template <class Frag, class T, class Op>
-__device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, nvcuda::wmma::layout_t layout,
+__device__ __forceinline__ void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, nvcuda::wmma::layout_t layout,
                                            Op&& op) {
   using S = typename fragment_traits<Frag>::storage_type;
   detail::load_with_op(ptr, ldm, layout == nvcuda::wmma::mem_row_major, nullptr, T(), [&](T v, int, int,
@@ -253,7 +253,7 @@ __device__ inline void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ld
 
 // Stores the elements of a fragment that lie inside `bounds`, each once, through op(value, i, j) -> T.
 template <class Frag, class T, class Op>
-__device__ inline void store_matrix_with_op(T* ptr, const Frag& frag, unsigned ldm, nvcuda::wmma::layout_t layout,
+__device__ __forceinline__ void store_matrix_with_op(T* ptr, const Frag& frag, unsigned ldm, nvcuda::wmma::layout_t layout,
                                             TileBounds bounds, Op&& op) {
   foreach_ij(frag, [&](auto xs, int i, int j) {
     if (!bounds.contains(i, j)) return;
