@@ -598,3 +598,47 @@ def test_has_cuda_kernels_matches_gpu_use(device):
     assert out.device.type == device
     if device == "cuda":
         assert torch_wmmae.has_cuda_kernels()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Regressions found by the property test above on an H200
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b_shape", [(2, 2, 2), (2, 2, 1), (3, 5, 1), (3, 1, 4)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("method", METHODS)
+def test_vector_times_fully_permuted_batch(device, b_shape, method):
+    """1-D a @ batched b stored with all dimensions reversed: no dimension of b is contiguous, or only a
+    dimension of size 1 is. The CUDA op once copied such b and then lost the 1-D rule of the output shape,
+    and once read a size-1-inner view with the wrong k stride."""
+    gen = torch.Generator().manual_seed(sum(b_shape))
+    a = _maybe_transposed([b_shape[-2]], False, gen, device)
+    b = _maybe_transposed(list(b_shape), True, gen, device)
+    out = corrected_matmul(a, b, method=method)
+    expected = torch.matmul(a.double(), b.double())
+    assert out.shape == expected.shape
+    bound = (b_shape[-2] + 16) * U32 * torch.matmul(a.double().abs(), b.double().abs())
+    assert ((out.double() - expected).abs() <= bound).all()
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_split_k_shapes(method):
+    """Few output tiles and a long K: the CUDA op splits K across blocks and combines the splits with fp32
+    atomics. Accurate either way; bitwise reproducible in deterministic mode, where it does not split."""
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(64, 16384, generator=gen).cuda()
+    b = torch.randn(16384, 96, generator=gen).cuda()
+    ref = torch.matmul(a.double(), b.double())
+    fp32_err = rel_err(torch.matmul(a, b), ref)
+    out = corrected_matmul(a, b, method=method)
+    assert rel_err(out, ref) <= 4 * max(fp32_err, 2**-24)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = corrected_matmul(a, b, method=method)
+        second = corrected_matmul(a, b, method=method)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert torch.equal(first, second)
+    assert rel_err(first, ref) <= 4 * max(fp32_err, 2**-24)

@@ -1,7 +1,7 @@
 // corrected_matmul on the CPU: emulates the tensor-core kernels' arithmetic step by step, so that the
 // numerics of each method are tested without a GPU and serve as the reference for the CUDA kernels.
 //
-// Per output element, per chunk of kAccumulationChunk elements of K, per k-step (16 for fp16, 8 for tf32):
+// Per output element, per chunk of accumulation_chunk(m, n) elements of K, per k-step (16 for fp16, 8 for tf32):
 //   main += fp32( sum_k hiA*hiB )              (exact products, fp32 sum; added outside the tensor core)
 //   corr += fp32( sum_k loA*hiB ); corr += fp32( sum_k hiA*loB )   (chained in their own accumulator)
 // chunk = main + corr * lo_unscale (a non-finite main is taken as it is: an Inf times a residual must not
@@ -69,10 +69,10 @@ SplitOperand split_operand(const at::Tensor& mat) {
 }
 
 float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, std::int64_t k,
-                    int k_step, float lo_unscale) {
+                    int k_step, float lo_unscale, int chunk_length) {
   float total = 0.0f;
-  for (std::int64_t c0 = 0; c0 < k; c0 += kAccumulationChunk) {
-    const std::int64_t c1 = std::min<std::int64_t>(k, c0 + kAccumulationChunk);
+  for (std::int64_t c0 = 0; c0 < k; c0 += chunk_length) {
+    const std::int64_t c1 = std::min<std::int64_t>(k, c0 + chunk_length);
     float main = 0.0f, corr = 0.0f;
     for (std::int64_t k0 = c0; k0 < c1; k0 += k_step) {
       const std::int64_t k1 = std::min<std::int64_t>(c1, k0 + k_step);
@@ -94,6 +94,7 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
   const SplitOperand sa = split_operand(a);
   const SplitOperand sb = split_operand(b.t());
   const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
+  const int chunk = accumulation_chunk(m, n);
   at::parallel_for(0, m, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
       for (std::int64_t j = 0; j < n; ++j) {
@@ -102,10 +103,10 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
         float v;
         if (use_fp16) {
           v = corrected_dot(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k, kFp16KStep,
-                            wmmae::kFp16ResidualUnscale);
+                            wmmae::kFp16ResidualUnscale, chunk);
           v = std::ldexp(v, -(sa.shift[i] + sb.shift[j]));
         } else {
-          v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep, 1.0f);
+          v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep, 1.0f, chunk);
         }
         out[i * n + j] = v;
       }

@@ -7,11 +7,12 @@
 //    column's power of two and split into hi and residual with wmmae::split_fp16 / split_tf32 while it
 //    goes to shared memory (no stored hi/lo copies in global memory). Per k-step three mma's: hi*hi into a
 //    zero accumulator that is added to the fp32 result outside the tensor core (round to nearest), and
-//    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks of kAccumulationChunk whose
+//    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks (accumulation_chunk) whose
 //    results are added in the output tile (two-level summation, no extra registers).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
 //    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -72,6 +73,10 @@ struct GemmArgs {
   std::int64_t num_batches;
   RangeArrays a_ranges, b_ranges;  // [num_batches][m] and [num_batches][n]; unused for method tf32
   Method method;                   // fp16 / tf32: every tile; automatic: the tiles this kernel owns
+  // Split-K: blockIdx.y takes K elements [y * k_per_split, (y + 1) * k_per_split). With more than one split
+  // the output starts zeroed and every chunk result is added with an fp32 atomic (no workspace).
+  int k_splits;
+  std::int64_t k_per_split;        // a multiple of 32 (whole stages for both methods)
 };
 
 // ------------------------------------------------------------------------------------------------------
@@ -341,6 +346,8 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     batch_offsets(args.batch, z, a_off, b_off);
     const float* a = args.a + a_off;
     const float* b = args.b + b_off;
+    const std::int64_t k_begin = blockIdx.y * args.k_per_split;  // this block's split of K
+    const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
     // Line scales (fp16), and in auto mode whether this kernel owns the tile.
     bool lines_fp16_safe = true;
@@ -365,16 +372,17 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     auto issue_stage = [&](int kt) {
       float* sa = stage_a + (kt & (kStages - 1)) * Cfg::kStageA;
       float* sb = stage_b + (kt & (kStages - 1)) * Cfg::kStageB;
-      const std::int64_t k0 = kt * kBlockK;
+      const std::int64_t k0 = k_begin + static_cast<std::int64_t>(kt) * kBlockK;
+      // K extent: the end of this split, so that a stage never reads another split's elements.
       if constexpr (kARowMajor) {
-        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_rs, m, k, m0, k0, a_vec4);
+        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_rs, m, k_end, m0, k0, a_vec4);
       } else {
-        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_ks, k, m, k0, m0, a_vec4);
+        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_ks, k_end, m, k0, m0, a_vec4);
       }
       if constexpr (kBRowMajor) {
-        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_ks, k, n, k0, n0, b_vec4);
+        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_ks, k_end, n, k0, n0, b_vec4);
       } else {
-        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_cs, n, k, n0, k0, b_vec4);
+        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_cs, n, k_end, n0, k0, b_vec4);
       }
     };
     auto split = [&](int kt) {
@@ -402,6 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     // partial sum kept in the output (each element is read and written by the lane that owns it), and after
     // the last chunk undo the scaling. Then restart the accumulators from zero.
     float* c = args.c + z * m * n;
+    const bool split_k = args.k_splits > 1;
     auto flush = [&](bool first_chunk, bool last_chunk) {
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
@@ -419,6 +428,12 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
               const float hh = hh_sum.x[xs.first];
               float v = isfinite(hh) ? hh + corr.x[xs.first] * T::kLoUnscale : hh;
               float* out = c + (gr + r) * n + gc + cc;
+              if (split_k) {
+                // Scaling by a power of two is exact: each split's chunks can be unscaled separately.
+                if (M == Method::fp16) v = ldexpf(v, -(a_shift[r0 + r] + b_shift[c0 + cc]));
+                atomicAdd(out, v);
+                return;
+              }
               if (!first_chunk) v = *out + v;
               if (M == Method::fp16 && last_chunk) v = ldexpf(v, -(a_shift[r0 + r] + b_shift[c0 + cc]));
               *out = v;
@@ -431,10 +446,10 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
         }
       }
     };
-    constexpr int kChunkStages = kAccumulationChunk / kBlockK;
-    static_assert(kAccumulationChunk % kBlockK == 0, "chunks hold whole stages");
+    static_assert(kAccumulationChunkSmall % kBlockK == 0, "chunks hold whole stages");
+    const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
 
-    const int k_tiles = static_cast<int>((k + kBlockK - 1) / kBlockK);  // K < 2^31 * kBlockK (checked on the host)
+    const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);  // < 2^31 (checked on the host)
     // Prologue: stages 0 .. kStages-2 in flight, stage 0 split.
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -485,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
           }
         }
       }
-      if ((kt + 1) % kChunkStages == 0 || kt + 1 == k_tiles) flush(kt < kChunkStages, kt + 1 == k_tiles);
+      if ((kt + 1) % chunk_stages == 0 || kt + 1 == k_tiles) flush(kt < chunk_stages, kt + 1 == k_tiles);
     }
     cp_async_wait<0>();
     __syncthreads();  // the next batch index rewrites the scales and the stages
@@ -513,12 +528,36 @@ template <Method M>
 void launch_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
   const std::int64_t tiles = ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
-  TORCH_CHECK(args.k / 32 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
-  const dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(std::min<std::int64_t>(args.num_batches, 65535)));
+  TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(args.k_splits),
+                  static_cast<unsigned>(std::min<std::int64_t>(args.num_batches, 65535)));
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, grid, stream);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, grid, stream);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, grid, stream);
   else launch_gemm_variant<M, false, false>(args, grid, stream);
+}
+
+// Split-K when the output has too few 128x128 tiles to fill the GPU (one block per SM): the number of
+// splits that maximizes the busy fraction of the last wave, discounted by the per-block prologue and
+// epilogue (about three 32-wide stages). Off in deterministic mode: the fp32 atomics that combine the
+// splits make the last bits depend on their order.
+int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
+  if (at::globalContext().deterministicAlgorithms() || blocks >= 4 * static_cast<std::int64_t>(sms)) return 1;
+  int best = 1;
+  double best_score = 0.0;
+  for (int s = 1; s <= 32; ++s) {
+    const std::int64_t k_per = ((k + s - 1) / s + 31) / 32 * 32;
+    if (s > 1 && k_per < 256) break;
+    const std::int64_t total = blocks * s;
+    const std::int64_t waves = (total + sms - 1) / sms;
+    const double score = static_cast<double>(total) / static_cast<double>(waves * sms) *
+                         static_cast<double>(k_per) / static_cast<double>(k_per + 96);
+    if (score > best_score * 1.02) {  // more splits only for a clear gain
+      best = s;
+      best_score = score;
+    }
+  }
+  return best;
 }
 
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one
@@ -528,21 +567,33 @@ bool col_major_view(const at::Tensor& t) { return t.stride(-2) == 1 || t.size(-2
 
 at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, c10::string_view method_name) {
   const Method method = method_from_string(std::string(method_name));
+  MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");  // checks dtypes, devices and shapes first
   TORCH_CHECK(a_in.is_cuda(), "corrected_matmul: argument 'a' must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(a_in.device());
-  MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");
   at::Tensor out = at::empty({plan.batch, plan.m, plan.n}, a_in.options());
   if (out.numel() == 0) return out.view(plan.out_shape);
   if (plan.k == 0) return out.zero_().view(plan.out_shape);
   TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8,
               "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
 
+  // Each operand is read in place when one of its matrix dimensions is contiguous (a dimension of size 1
+  // counts as contiguous: it is read at offset 0 only), otherwise copied once. The classification that
+  // decides the copy also picks the kernel's layout.
   at::Tensor a = plan.a, b = plan.b;
-  if (!row_major_view(a) && !col_major_view(a)) a = a.contiguous();
-  if (!row_major_view(b) && !col_major_view(b)) b = b.contiguous();
-  if (!a.is_same(plan.a) || !b.is_same(plan.b)) plan = plan_matmul(a, b, "corrected_matmul");
-  const bool a_row = a.stride(-1) == 1 && !(a.size(-1) == 1 && a.stride(-2) == 1);
-  const bool b_row = b.stride(-1) == 1 && !(b.size(-1) == 1 && b.stride(-2) == 1);
+  bool a_row = row_major_view(a), b_row = row_major_view(b);
+  if (!a_row && !col_major_view(a)) {
+    a = a.contiguous();
+    a_row = true;
+  }
+  if (!b_row && !col_major_view(b)) {
+    b = b.contiguous();
+    b_row = true;
+  }
+  if (!a.is_same(plan.a) || !b.is_same(plan.b)) {
+    const std::vector<std::int64_t> out_shape = plan.out_shape;  // the views are >= 2-D now: keep the 1-D rules
+    plan = plan_matmul(a, b, "corrected_matmul");
+    plan.out_shape = out_shape;
+  }
 
   GemmArgs args{};
   args.a = a.data_ptr<float>();
@@ -560,6 +611,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.method = method;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const std::int64_t tiles = ((plan.m + kBlockM - 1) / kBlockM) * ((plan.n + kBlockN - 1) / kBlockN);
+  args.k_splits = choose_k_splits(tiles * std::min<std::int64_t>(plan.batch, 65535), plan.k,
+                                  at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  args.k_per_split = (plan.k + args.k_splits - 1) / args.k_splits;
+  args.k_per_split = (args.k_per_split + 31) / 32 * 32;
+  if (args.k_splits > 1) out.zero_();
   at::Tensor ranges;
   if (method != Method::tf32) {
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:

@@ -2,6 +2,7 @@
 // method names, the k-step of each split, and the power-of-two scaling that keeps the fp16 split accurate.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "../wmmae/split.hpp"
@@ -18,10 +19,19 @@ Method method_from_string(const std::string& name);
 constexpr int kFp16KStep = 16;
 constexpr int kTf32KStep = 8;
 
-// K is summed in chunks of this many elements: each chunk accumulates from zero and the chunk results are
-// added in fp32. Two-level summation: the rounding error grows like (kAccumulationChunk / k-step + K /
-// kAccumulationChunk) ulps instead of K / k-step (it matters for long K with same-signed products).
-constexpr int kAccumulationChunk = 4096;
+// K is summed in chunks: each chunk accumulates from zero and the chunk results are added in fp32.
+// Two-level summation: the rounding error grows like (chunk / k-step + K / chunk) ulps instead of
+// K / k-step. It matters for same-signed products, where cuBLAS's own (blocked) float32 sums are accurate:
+// on an H200, a 1x4096 @ 4096x1000 tf32 product had 6x torch.matmul's error with chunks of 4096.
+// Each chunk boundary costs the CUDA kernel a read-modify-write of its output tile (16% at 8192^3 with
+// chunks of 1024), so large outputs, whose error is already far below float32's, use longer chunks.
+constexpr int kAccumulationChunkSmall = 1024;
+constexpr int kAccumulationChunkLarge = 4096;
+constexpr std::int64_t kLargeOutput = std::int64_t{1} << 22;  // m * n elements
+
+WMMAE_HD inline int accumulation_chunk(std::int64_t m, std::int64_t n) {
+  return m * n >= kLargeOutput ? kAccumulationChunkLarge : kAccumulationChunkSmall;
+}
 
 // Exponent summary of one row of A or one column of B: floor(log2|v|) over its finite non-zero elements.
 struct ExponentRange {

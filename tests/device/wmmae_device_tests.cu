@@ -25,7 +25,7 @@ enum Check {
   kNumChecks
 };
 
-constexpr int kLd = 40;  // aligned leading dimension of the reference tiles (multiple of 8 elements)
+constexpr int kLd = 48;  // leading dimension of the reference tiles: a multiple of 16 bytes for every element type
 
 __device__ unsigned hash(unsigned x) {
   x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
