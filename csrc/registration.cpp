@@ -1,6 +1,5 @@
 // The wmmae operator library: every schema, next to its CPU implementation. The CUDA implementations
 // register themselves in ops/*_cuda.cu (TORCH_LIBRARY_IMPL(wmmae, CUDA, ...)).
-#include <Python.h>
 #include <torch/library.h>
 
 #include "ops/batched_outer.hpp"
@@ -35,8 +34,3 @@ TORCH_LIBRARY(wmmae, m) {
 
 }  // namespace wmmae_ops
 
-// Importing torch_wmmae._C loads this library and so registers the ops; the module itself is empty.
-extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}

@@ -89,12 +89,14 @@ at::Tensor fragment_map_cuda(c10::string_view use, std::int64_t m, std::int64_t 
   TORCH_CHECK(!arch.has_value(), "fragment_map: pass either arch= (analytic table) or device= (measure the GPU), "
               "not both");
   TORCH_CHECK(device.has_value() && device->is_cuda(), "fragment_map: the CUDA kernel needs a CUDA device");
-  const c10::cuda::CUDAGuard guard(*device);
+  // "cuda" without an index means the current device.
+  const at::Device dev = device->has_index() ? *device : at::Device(at::kCUDA, c10::cuda::current_device());
+  const c10::cuda::CUDAGuard guard(dev);
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major >= 8, "fragment_map: measuring needs compute capability 8.0 or newer, ", device->str(),
+  TORCH_CHECK(prop->major >= 8, "fragment_map: measuring needs compute capability 8.0 or newer, ", dev.str(),
               " has ", prop->major, ".", prop->minor);
   const wmmae::CoreLayout expected = require_sm80_layout(spec);  // also rejects types CUDA does not have
-  at::Tensor out = at::empty({32, expected.num_elements, 2}, at::TensorOptions().dtype(at::kInt).device(*device));
+  at::Tensor out = at::empty({32, expected.num_elements, 2}, at::TensorOptions().dtype(at::kInt).device(dev));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   dispatch_fragment(spec, [&](auto frag_tag, auto mem_tag) {
     using Frag = typename decltype(frag_tag)::type;

@@ -1,0 +1,88 @@
+// C++ API test (ctest): the wmmae operators called from LibTorch without Python, on the CPU and, when the
+// library has CUDA kernels and a GPU is present, on CUDA tensors. Prints "N passed, N failed" last.
+//   test_cpp_api [--dump PATH]   PATH: write the result of the bitwise case (tests/test_cpp_api.py)
+#include <torch/torch.h>
+#include <torch_wmmae/ops.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+int passed = 0, failed = 0;
+
+void check(bool ok, const std::string& what) {
+  (ok ? passed : failed) += 1;
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+}
+
+double rel_err(const at::Tensor& out, const at::Tensor& ref) {
+  return ((out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
+}
+
+// Deterministic inputs, built the same way in tests/test_cpp_api.py for the bitwise comparison.
+at::Tensor wave(std::int64_t rows, std::int64_t cols, double step) {
+  return at::arange(rows * cols, at::kFloat).reshape({rows, cols}).mul(step).sin();
+}
+
+bool has_cuda_kernels() {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("wmmae::corrected_matmul", "");
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
+void check_device(const at::Device& device) {
+  const std::string on = " on " + device.str();
+  torch::manual_seed(0);
+  const at::Tensor a = torch::randn({67, 301}).to(device), b = torch::randn({301, 45}).to(device);
+  const at::Tensor ref = at::matmul(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble));
+  const double fp32 = rel_err(at::matmul(a.cpu(), b.cpu()), ref);
+  for (const char* method : {"auto", "fp16", "tf32"}) {
+    const at::Tensor c = torch_wmmae::corrected_matmul(a, b, method);
+    const double err = rel_err(c.cpu(), ref);
+    check(c.device() == device && c.sizes() == at::IntArrayRef({67, 45}) && err <= 4 * std::max(fp32, 0x1p-24),
+          std::string("corrected_matmul ") + method + on + ": rel err " + std::to_string(err));
+  }
+  const at::Tensor u = torch::randn({9, 31}).to(at::kHalf).to(device);
+  const at::Tensor p = torch_wmmae::batched_outer(u, std::nullopt, 0.0);
+  const at::Tensor u64 = u.cpu().to(at::kDouble);
+  check(at::equal(p.cpu(), (u64.unsqueeze(-1) * u64.unsqueeze(-2)).to(at::kFloat)),
+        "batched_outer fp16 exact" + on);
+  bool threw = false;
+  try {
+    torch_wmmae::corrected_matmul(a.to(at::kDouble), b);
+  } catch (const c10::Error& e) {
+    threw = std::string(e.what()).find("argument 'a' must be float32") != std::string::npos;
+  }
+  check(threw, "corrected_matmul rejects float64 with a clear error" + on);
+  if (device.is_cuda()) {
+    const at::Tensor measured = torch_wmmae::fragment_map("matrix_a", 16, 16, 16, "half", "row_major", std::nullopt, device);
+    const at::Tensor table = torch_wmmae::fragment_map("matrix_a", 16, 16, 16, "half", "row_major", 90);
+    check(at::equal(measured.cpu(), table), "fragment_map measured == arch=90 table" + on);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The paper's Table 2 (sm_70, matrix_a col_major): lane 0 holds column-major indices 0..3, 64..67, ...
+  const at::Tensor t = torch_wmmae::fragment_map("matrix_a", 16, 16, 16, "half", "col_major", 70);
+  const at::Tensor lane0 = t[0].select(1, 0) + 16 * t[0].select(1, 1);
+  const std::vector<int> expected = {0, 1, 2, 3, 64, 65, 66, 67, 128, 129, 130, 131, 192, 193, 194, 195};
+  check(at::equal(lane0, at::tensor(expected, at::kInt)), "fragment_map arch=70 lane 0 = paper's Table 2");
+
+  check_device(at::Device(at::kCPU));
+  if (has_cuda_kernels() && torch::cuda::is_available()) check_device(at::Device(at::kCUDA, 0));
+  else std::printf("skip CUDA checks (no CUDA kernels in this build, or no GPU)\n");
+
+  if (argc == 3 && std::string(argv[1]) == "--dump") {
+    const at::Tensor c = torch_wmmae::corrected_matmul(wave(33, 70, 0.37), wave(70, 21, 0.11), "auto").contiguous();
+    std::ofstream(argv[2], std::ios::binary).write(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,83 @@
+"""The C++ API (csrc/include/torch_wmmae/ops.h) and its CMake package, driven from pytest.
+
+Builds the library and its ctest with CMake against the installed torch (with the CUDA kernels where a GPU
+and nvcc are present), runs the ctest, installs the package, builds the example program against it with
+find_package(torch_wmmae), and checks that C++ and Python give the same bits for the same inputs.
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+import torch
+from torch.utils import cpp_extension
+
+import torch_wmmae
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build" / "cpp"
+PREFIX = ROOT / "build" / "cpp-install"
+
+pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not found")
+
+
+def _run(cmd, **kw):
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert result.returncode == 0, f"{' '.join(map(str, cmd))}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+def _with_cuda() -> bool:
+    return torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None
+
+
+@pytest.fixture(scope="module")
+def cpp_build():
+    prefix_path = torch.utils.cmake_prefix_path
+    args = [f"-DCMAKE_PREFIX_PATH={prefix_path}", "-DCMAKE_BUILD_TYPE=Release"]
+    if cpp_extension.CUDA_HOME:
+        args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}",
+                 f"-DCMAKE_CUDA_COMPILER={os.path.join(cpp_extension.CUDA_HOME, 'bin', 'nvcc')}"]
+    if _with_cuda():
+        major, minor = torch.cuda.get_device_capability()
+        args += ["-DTORCH_WMMAE_WITH_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={major}{minor}"]
+    _run(["cmake", "-S", ROOT, "-B", BUILD, *args])
+    _run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)])
+    _run(["cmake", "--install", BUILD, "--prefix", PREFIX])
+    return BUILD
+
+
+def test_ctest_passes(cpp_build):
+    out = _run(["ctest", "--test-dir", cpp_build, "--output-on-failure"])
+    assert "100% tests passed" in out
+
+
+def test_cuda_checks_ran_on_a_gpu(cpp_build):
+    out = _run([cpp_build / "test_cpp_api"])
+    assert " failed" in out and "0 failed" in out
+    if _with_cuda():
+        assert "on cuda:0" in out and "skip CUDA checks" not in out
+
+
+def test_same_bits_as_python(cpp_build, tmp_path):
+    dump = tmp_path / "cpp_result.bin"
+    _run([cpp_build / "test_cpp_api", "--dump", dump])
+    from_cpp = torch.frombuffer(bytearray(dump.read_bytes()), dtype=torch.float32).reshape(33, 21)
+    wave = lambda r, c, step: torch.arange(r * c, dtype=torch.float32).reshape(r, c).mul(step).sin()  # noqa: E731
+    from_python = torch_wmmae.corrected_matmul(wave(33, 70, 0.37), wave(70, 21, 0.11), method="auto")
+    assert torch.equal(from_cpp, from_python)
+
+
+def test_example_builds_against_the_installed_package(cpp_build, tmp_path):
+    example_build = tmp_path / "example"
+    prefix_path = f"{torch.utils.cmake_prefix_path};{PREFIX}"
+    args = [f"-DCMAKE_PREFIX_PATH={prefix_path}"]
+    if cpp_extension.CUDA_HOME:
+        args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}"]
+    _run(["cmake", "-S", ROOT / "examples" / "cpp", "-B", example_build, *args])
+    _run(["cmake", "--build", example_build, "-j", str(os.cpu_count() or 2)])
+    out = _run([example_build / "matmul_example"])
+    ours = float(out.split("corrected_matmul relative error vs float64:")[1].split()[0])
+    fp32 = float(out.split("torch::matmul fp32 relative error vs float64:")[1].split()[0])
+    assert ours <= 4 * max(fp32, 2**-24), out
