@@ -2,13 +2,15 @@
 //
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B).
-// 2. GEMM: 128x128 output tiles, 8 warps of 64x32. A and B are read in place (row- or column-major views,
-//    batch strides, any alignment) into registers one k-step ahead; each value is scaled by its row's /
-//    column's power of two and split into hi and residual with wmmae::split_fp16 / split_tf32 while it
-//    goes to shared memory (no stored hi/lo copies in global memory). Per k-step three mma's: hi*hi into a
-//    zero accumulator that is added to the fp32 result outside the tensor core (round to nearest), and
+// 2. GEMM: 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are read in place (row- or
+//    column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline of fp32 tiles; a
+//    split pass scales each value by its row's / column's power of two and splits it into hi and residual
+//    (wmmae::split_fp16x2 / split_tf32) into double-buffered shared-memory tiles, once per element and
+//    block: there are no hi/lo copies of A or B in global memory. Per k-step three mma's: hi*hi into a zero
+//    accumulator that is added to the fp32 result outside the tensor core (round to nearest), and
 //    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks (accumulation_chunk) whose
-//    results are added in the output tile (two-level summation, no extra registers).
+//    results are added in the output tile (two-level summation, no extra registers). With few output
+//    tiles, K is also split across blocks (split-K, fp32 atomics; not in deterministic mode).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
 //    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
@@ -282,14 +284,11 @@ __device__ __forceinline__ void split_stage(const float* stage, typename MethodT
         const float s = scale[plan.line0 + q * Plan::kLineStep];
         v = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
       }
-      // split_fp16 on pairs: hi = fp16(v), lo = fp16((v - hi) * 2^11). A non-finite v leaves a NaN in lo,
-      // which never reaches a result: its product makes the hi*hi sum non-finite, and the epilogue then
-      // returns that sum alone.
-      const __half2 h01 = __floats2half2_rn(v.x, v.y), h23 = __floats2half2_rn(v.z, v.w);
-      const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
-      constexpr float r = wmmae::kFp16ResidualScale;
-      const __half2 l01 = __floats2half2_rn((v.x - f01.x) * r, (v.y - f01.y) * r);
-      const __half2 l23 = __floats2half2_rn((v.z - f23.x) * r, (v.w - f23.y) * r);
+      // A non-finite v leaves a NaN in lo, which never reaches a result: its product makes the hi*hi sum
+      // non-finite, and the epilogue then returns that sum alone.
+      __half2 h01, h23, l01, l23;
+      wmmae::split_fp16x2(v.x, v.y, h01, l01);
+      wmmae::split_fp16x2(v.z, v.w, h23, l23);
       *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
       *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
     } else {

@@ -75,12 +75,12 @@ WMMAE_HD inline Tf32Split split_tf32(float v) {
 
 // v == hi + lo / 2^11 up to fp16's rounding of lo, for v inside fp16's range (callers scale first).
 // `Half` is the storage type (__half on the device, c10::Half on the host): Rounding::to_half rounds to
-// nearest even and Rounding::to_float widens exactly. Non-finite v: hi = v, lo = 0.
+// nearest even and Rounding::to_float widens exactly. For a non-finite v, lo is NaN: callers must not use
+// the residual products then (corrected_matmul returns the hi*hi sum alone when it is not finite).
 template <class Rounding, class Half>
 WMMAE_HD inline void split_fp16(float v, Half& hi, Half& lo) {
   hi = Rounding::to_half(v);
-  const float residual = is_finite_bits(float_bits(v)) ? (v - Rounding::to_float(hi)) * kFp16ResidualScale : 0.0f;
-  lo = Rounding::to_half(residual);
+  lo = Rounding::to_half((v - Rounding::to_float(hi)) * kFp16ResidualScale);
 }
 
 #if defined(__CUDACC__)
@@ -89,6 +89,13 @@ struct DeviceHalfRounding {
   __device__ static __half to_half(float v) { return __float2half_rn(v); }
   __device__ static float to_float(__half h) { return __half2float(h); }
 };
+
+// split_fp16 of two values at once (two conversions per instruction on the device).
+__device__ inline void split_fp16x2(float v0, float v1, __half2& hi, __half2& lo) {
+  hi = __floats2half2_rn(v0, v1);
+  const float2 h = __half22float2(hi);
+  lo = __floats2half2_rn((v0 - h.x) * kFp16ResidualScale, (v1 - h.y) * kFp16ResidualScale);
+}
 #endif
 
 }  // namespace wmmae
