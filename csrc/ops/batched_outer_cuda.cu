@@ -180,6 +180,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
     Acc c;
     wmmae::make_identity(c, job.diagonal);
     wmma::mma_sync(c, a, bf, c);
+    // Full float32 tiles: store_matrix_sync (measured faster on an H200 than the paired stores: 3.4 against
+    // 2.8 TB/s for n = 16); it needs a 32-byte aligned tile and a leading dimension of 4 floats' multiple.
+    if constexpr (std::is_same<Out, float>::value) {
+      if (job.rows == kTile && job.cols == kTile && n % 4 == 0 && reinterpret_cast<std::uintptr_t>(job.tile) % 32 == 0) {
+        wmma::store_matrix_sync(job.tile, c, n, wmma::mem_row_major);
+        return;
+      }
+    }
     store_tile<Out, Acc>(job.tile, n, job.rows, job.cols, pairs_aligned,
                          [&](auto x, int, int) { return c.x[decltype(x)::value]; });
   };
