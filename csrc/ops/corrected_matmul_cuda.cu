@@ -523,9 +523,14 @@ void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t st
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Number of kBlockM x kBlockN output tiles (blocks per batch index and K split).
+std::int64_t output_tiles(std::int64_t m, std::int64_t n) {
+  return ((m + kBlockM - 1) / kBlockM) * ((n + kBlockN - 1) / kBlockN);
+}
+
 template <Method M>
 void launch_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
-  const std::int64_t tiles = ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
+  const std::int64_t tiles = output_tiles(args.m, args.n);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(args.k_splits),
@@ -610,8 +615,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.method = method;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const std::int64_t tiles = ((plan.m + kBlockM - 1) / kBlockM) * ((plan.n + kBlockN - 1) / kBlockN);
-  args.k_splits = choose_k_splits(tiles * std::min<std::int64_t>(plan.batch, 65535), plan.k,
+  args.k_splits = choose_k_splits(output_tiles(plan.m, plan.n) * std::min<std::int64_t>(plan.batch, 65535), plan.k,
                                   at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   args.k_per_split = (plan.k + args.k_splits - 1) / args.k_splits;
   args.k_per_split = (args.k_per_split + 31) / 32 * 32;

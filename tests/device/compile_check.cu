@@ -27,6 +27,13 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
     }, f, g);
   }
   out[1] += wmmae::to_float(f.x[0]) + wmmae::to_float(g.x[0]);
+  // The split helpers' device forms.
+  __half hi, lo;
+  wmmae::split_fp16<wmmae::DeviceHalfRounding>(out[2], hi, lo);
+  __half2 hi2, lo2;
+  wmmae::split_fp16x2(out[3], out[4], hi2, lo2);
+  const wmmae::Tf32Split t = wmmae::split_tf32(out[5]);
+  out[6] = __half2float(hi) + __half2float(lo) + __low2float(hi2) + __high2float(lo2) + t.hi + t.lo;
 }
 
 __global__ void instantiate(const void* p, void* q, float* out) {
