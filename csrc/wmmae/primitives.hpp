@@ -251,6 +251,82 @@ __device__ __forceinline__ void load_matrix_with_op(Frag& frag, const T* ptr, un
                        auto xs, Frag& f) { assign(f, xs, convert<S>(op(v))); }, frag);
 }
 
+// ------------------------------------------------------------------------------------------------------
+// Row quads: four consecutive elements of one row in one lane, for 16-byte stores of accumulators
+// ------------------------------------------------------------------------------------------------------
+
+template <class S>
+struct RowQuad {
+  S v[4];
+};
+
+namespace detail {
+
+// The core that sits right of core c (same rows, one core width further), or -1.
+WMMAE_HD constexpr int right_core(const CoreLayout& L, int c) {
+  for (int d = 0; d < L.num_cores; ++d) {
+    if (L.offset[d].row == L.offset[c].row && L.offset[d].col == L.offset[c].col + 4 * L.run) return d;
+  }
+  return -1;
+}
+
+WMMAE_HD constexpr bool is_right_core(const CoreLayout& L, int c) {
+  for (int d = 0; d < L.num_cores; ++d) {
+    if (right_core(L, d) == c) return true;
+  }
+  return false;
+}
+
+// Row quads need runs of 2 along rows and cores in side-by-side pairs: lane l and lane l ^ 1 then hold
+// 8 consecutive elements of a row between them (the 16x16 accumulators; not m32n8k16 or m8n32k16).
+WMMAE_HD constexpr bool has_row_quads(const CoreLayout& L) {
+  if (L.transposed || L.run != 2 || L.copies() != 1) return false;
+  for (int c = 0; c < L.num_cores; ++c) {
+    const int r = right_core(L, c);
+    const bool left = r >= 0 && !is_right_core(L, c);
+    if (!left && !is_right_core(L, c)) return false;  // a core without a partner
+    if (left && right_core(L, r) >= 0) return false;  // a run of three cores
+  }
+  return true;
+}
+
+}  // namespace detail
+
+template <class Frag>
+WMMAE_HD constexpr bool has_row_quads() {
+  constexpr CoreLayout L = fragment_traits<Frag>::layout;
+  return detail::has_row_quads(L);
+}
+
+// f(i, j, quad) with quad.v[e] = tile element (i, j + e), every element of the fragment once, each quad
+// in one lane (j a multiple of 4). Lanes trade half their runs with lane ^ 1 (two shuffles per pair of
+// cores), so that an accumulator goes to memory with one 16-byte (float) store per quad instead of two
+// 8-byte ones.
+template <class Frag, class F>
+__device__ __forceinline__ void foreach_row_quad(const Frag& frag, F&& f) {
+  using Tr = fragment_traits<Frag>;
+  using S = typename Tr::storage_type;
+  constexpr CoreLayout L = Tr::layout;
+  static_assert(detail::has_row_quads(L), "foreach_row_quad: this fragment has no side-by-side core pairs");
+  const int lane = lane_id();
+  const bool odd = lane & 1;
+  detail::static_for<0, L.num_cores>([&](auto core) {
+    constexpr int c = decltype(core)::value;
+    constexpr CoreLayout layout = Tr::layout;  // a local copy: the lambda must not odr-use L
+    constexpr int r = detail::right_core(layout, c);
+    constexpr bool left = r >= 0 && !detail::is_right_core(layout, c);
+    if constexpr (left) {
+      const S l0 = frag.x[c * 2], l1 = frag.x[c * 2 + 1], r0 = frag.x[r * 2], r1 = frag.x[r * 2 + 1];
+      // Even lanes keep their left run and take the odd neighbour's; odd lanes do the same on the right.
+      const S g0 = __shfl_xor_sync(0xffffffffu, odd ? l0 : r0, 1);
+      const S g1 = __shfl_xor_sync(0xffffffffu, odd ? l1 : r1, 1);
+      const RowQuad<S> quad = odd ? RowQuad<S>{{g0, g1, r0, r1}} : RowQuad<S>{{l0, l1, g0, g1}};
+      const RowCol start = core_position(layout.offset[c], layout.run, false, lane & ~1, 0);
+      f(start.row, odd ? start.col + 4 * layout.run : start.col, quad);
+    }
+  });
+}
+
 // Stores the elements of a fragment that lie inside `bounds`, each once, through op(value, i, j) -> T.
 template <class Frag, class T, class Op>
 __device__ __forceinline__ void store_matrix_with_op(T* ptr, const Frag& frag, unsigned ldm, nvcuda::wmma::layout_t layout,

@@ -17,6 +17,9 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
     wmmae::load_matrix_with_op(f, p, 40, wmma::mem_row_major, [](Mem v) { return v; });
     wmmae::store_matrix_with_op(q, f, 40, wmma::mem_col_major, wmmae::TileBounds{3, 5}, [](Mem v, int, int) { return v; });
     wmmae::store_vector(q, f, 7);
+    if constexpr (wmmae::has_row_quads<Frag>()) {
+      wmmae::foreach_row_quad(f, [&](int i, int j, const auto& quad) { q[i * 40 + j] = quad.v[3]; });
+    }
   } else {
     wmmae::load_vector(f, p, 9, 0.5f, 2);
     wmmae::load_matrix_with_op(f, p, 41, [](Mem v) { return v; });

@@ -22,8 +22,15 @@ enum Check {
   kMakeIdentity,        // make_identity == load_matrix_sync of alpha*I
   kStoreWithOp,         // store_matrix_with_op (bounded) == store_matrix_sync (accumulators)
   kMultiLoad,           // load_matrices_with_op into two fragments == two single loads
+  kRowQuads,            // foreach_row_quad covers every element once, == store_matrix_sync (accumulators)
   kNumChecks
 };
+
+// The row-quad check must not pass vacuously: the 16x16 accumulators have side-by-side cores.
+static_assert(wmmae::has_row_quads<wmma::fragment<wmma::accumulator, 16, 16, 16, float>>() &&
+              wmmae::has_row_quads<wmma::fragment<wmma::accumulator, 16, 16, 16, __half>>() &&
+              !wmmae::has_row_quads<wmma::fragment<wmma::accumulator, 32, 8, 16, float>>(),
+              "row quads: unexpected layout table");
 
 constexpr int kLd = 48;  // leading dimension of the reference tiles: a multiple of 16 bytes for every element type
 
@@ -177,6 +184,24 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
       const float expected = (i < rows && j < cols) ? as_float(tile[at(i, j)]) : 99.0f;
       err[kStoreWithOp] += as_float(odd[at(i, j)]) != expected;
     }
+  }
+  // Accumulators with side-by-side cores: the quads written out == store_matrix_sync, each element once.
+  if constexpr (Tr::use == Use::accumulator && wmmae::has_row_quads<Frag>()) {
+    Frag acc;
+    wmmae::foreach(acc, [&](int x, int i, int j) { acc.x[x] = from_int<Mem>((i * 7 + j * 5 + static_cast<int>(seed % 997u)) % 29 - 14); });
+    __syncwarp();
+    wmma::store_matrix_sync(tile, acc, kLd, wmma::mem_row_major);
+    for (int idx = lane; idx < 32 * 32; idx += 32) visits[idx] = 0;
+    __syncwarp();
+    wmmae::foreach_row_quad(acc, [&](int i, int j, const wmmae::RowQuad<typename Tr::storage_type>& quad) {
+      err[kRowQuads] += j % 4 != 0;
+      for (int e = 0; e < 4; ++e) {
+        atomicAdd(&visits[i * 32 + j + e], 1);
+        err[kRowQuads] += as_float(quad.v[e]) != as_float(tile[at(i, j + e)]);
+      }
+    });
+    __syncwarp();
+    for (int idx = lane; idx < R * C; idx += 32) err[kRowQuads] += visits[(idx / C) * 32 + idx % C] != 1;
   }
   for (int c = 0; c < kNumChecks; ++c) atomicAdd(&errors[c], err[c]);
 }

@@ -1,0 +1,281 @@
+// The batched_outer CUDA kernel: out_b = u_b v_b^T + alpha*I, built from the device library.
+//
+// Work unit: `group` consecutive batch items (several when n is small) times one block of up to
+// kSliceLen elements of u and one of v (the whole vectors when n <= kSliceLen). A warp first copies the
+// unit's slices of u and v into its own shared memory with coalesced loads, so it waits for memory once
+// per unit instead of once per 16x16 tile. It then makes every output tile of the unit from there:
+// u in the first column of A and v in the first row of B (load_vector), alpha*I on diagonal tiles
+// (make_identity), one mma, and the accumulator written with 16-byte stores (foreach_row_quad).
+//
+// fp16/bf16 inputs: every product is exact in fp32 and alpha is added with one rounding.
+// fp32 inputs: each value is split into three bf16 terms (u = u0 + u1 + u2 exactly for normal values); the
+// nine products u_a v_b^T sit in the k dimension of one m16n16k16 bf16 mma. A tile that holds an Inf or a
+// NaN is computed in fp32 on the CUDA cores instead (0 * Inf from a zero split term would be NaN).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../wmmae/wmmae.hpp"
+
+namespace wmmae_ops {
+namespace outer {
+
+using namespace nvcuda;
+
+constexpr int kTile = 16;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kSliceLen = 256;  // elements of u (and of v) a warp stages per unit
+
+// Compile-time choices of the kernel (the op uses the defaults; benchmarks may compare others).
+template <int MinBlocksPerSm = 4, bool StreamingStores = true>
+struct KernelConfig {
+  // 4 resident blocks (32 warps, 64 registers) per SM: measured faster on an H200 than 5 (48 registers,
+  // spills outside the tile loop) or 6, by 2-8%: each warp now waits for memory once per unit, not per tile.
+  static constexpr int min_blocks_per_sm = MinBlocksPerSm;
+  // Evict-first stores: the output is not read again by this kernel.
+  static constexpr bool streaming_stores = StreamingStores;
+};
+
+struct Args {
+  const void* u;
+  const void* v;
+  std::int64_t u_batch_stride, u_stride, v_batch_stride, v_stride;
+  void* out;
+  std::int64_t batch;
+  std::int64_t num_units;
+  int n;
+  int group;            // batch items per unit
+  int slices_per_side;  // ceil(n / kSliceLen)
+  int vector_width;     // elements per output store: 4, 2 or 1 (from n and the output's alignment)
+  bool v_is_u;          // v is u (same data, same strides): stage it once
+  float alpha;
+};
+
+// Batch items per unit: enough to amortize the staging (about kUnitBytes of output per unit), within
+// one slice of input.
+constexpr std::int64_t kUnitBytes = 16 << 10;
+inline int items_per_unit(std::int64_t n, std::int64_t out_elem_size) {
+  if (n > kSliceLen) return 1;
+  const std::int64_t by_output = kUnitBytes / (n * n * out_elem_size);
+  const std::int64_t by_input = kSliceLen / n;
+  return static_cast<int>(std::max<std::int64_t>(1, std::min(by_output, by_input)));
+}
+
+// Stores of 1, 2 or 4 consecutive output elements (16-bit outputs: packed into 32/64-bit words).
+template <bool Streaming, class T>
+__device__ __forceinline__ void store_word(T* p, T v) {
+  if constexpr (Streaming) __stcs(p, v);
+  else *p = v;
+}
+
+__device__ __forceinline__ unsigned int bits16(float v, __half) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ unsigned int bits16(float v, __nv_bfloat16) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+template <bool Streaming, class Out>
+__device__ __forceinline__ void store_run(Out* p, const float* v, int count) {
+  if constexpr (std::is_same<Out, float>::value) {
+    if (count == 4) store_word<Streaming>(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+    else if (count == 2) store_word<Streaming>(reinterpret_cast<float2*>(p), make_float2(v[0], v[1]));
+    else store_word<Streaming>(p, v[0]);
+  } else {
+    const unsigned int lo = bits16(v[0], Out()) | (count > 1 ? bits16(v[1], Out()) << 16 : 0u);
+    if (count == 4) {
+      const unsigned int hi = bits16(v[2], Out()) | bits16(v[3], Out()) << 16;
+      store_word<Streaming>(reinterpret_cast<uint2*>(p), make_uint2(lo, hi));
+    } else if (count == 2) {
+      store_word<Streaming>(reinterpret_cast<unsigned int*>(p), lo);
+    } else {
+      store_word<Streaming>(reinterpret_cast<unsigned short*>(p), static_cast<unsigned short>(lo));
+    }
+  }
+}
+
+// Writes the rows x cols top-left part of an accumulator tile (row-major, leading dimension ld), four
+// consecutive elements per lane at a time; `width` is the widest store the output's alignment allows.
+template <bool Streaming, class Out, class Acc>
+__device__ __forceinline__ void store_tile(Out* tile, std::int64_t ld, int rows, int cols, int width, const Acc& c) {
+  wmmae::foreach_row_quad(c, [&](int i, int j, const wmmae::RowQuad<float>& quad) {
+    if (i >= rows || j >= cols) return;
+    Out* p = tile + i * ld + j;
+    if (width == 4 && j + 4 <= cols) {
+      store_run<Streaming>(p, quad.v, 4);
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      if (width >= 2 && j + e + 2 <= cols) {
+        store_run<Streaming>(p + e, quad.v + e, 2);
+      } else {
+        if (j + e < cols) store_run<Streaming>(p + e, quad.v + e, 1);
+        if (j + e + 1 < cols) store_run<Streaming>(p + e + 1, quad.v + e + 1, 1);
+      }
+    }
+  });
+}
+
+// Copies `items` slices of `len` elements (slice g starts at src + g * batch_stride, elements `stride`
+// apart) to dst[g * len + i], with all lanes of the warp. Contiguous slices go as 16-byte words where
+// the alignment allows.
+template <class In>
+__device__ __forceinline__ void stage_slices(In* dst, const In* src, int items, int len, std::int64_t batch_stride,
+                                             std::int64_t stride) {
+  const int lane = wmmae::lane_id();
+  const int count = items * len;
+  const bool contiguous = stride == 1 && (items == 1 || batch_stride == len);
+  if (contiguous) {
+    constexpr int kPerWord = 16 / sizeof(In);
+    if (reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && count % kPerWord == 0) {
+      const uint4* s = reinterpret_cast<const uint4*>(src);
+      uint4* d = reinterpret_cast<uint4*>(dst);
+      for (int w = lane; w < count / kPerWord; w += 32) d[w] = __ldcs(s + w);
+    } else {
+      for (int e = lane; e < count; e += 32) dst[e] = __ldcs(src + e);
+    }
+  } else {
+    for (int e = lane; e < count; e += 32) {
+      const int g = static_cast<unsigned>(e) / static_cast<unsigned>(len), i = e - g * len;
+      dst[e] = src[g * batch_stride + i * stride];
+    }
+  }
+}
+
+// Term `which` (0, 1 or 2) of the three bf16 terms of an fp32 value: v = t0 + t1 + t2 exactly for normal
+// values. Selected arithmetically: a run-time index into a small array would put it in local memory.
+__device__ __forceinline__ __nv_bfloat16 bf16x3_term(float v, int which) {
+  const __nv_bfloat16 t0 = __float2bfloat16_rn(v);
+  const float r1 = v - __bfloat162float(t0);
+  const __nv_bfloat16 t1 = __float2bfloat16_rn(r1);
+  const __nv_bfloat16 t2 = __float2bfloat16_rn(r1 - __bfloat162float(t1));
+  return which == 0 ? t0 : (which == 1 ? t1 : t2);
+}
+
+template <class In, class Out, class Config>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm) batched_outer_kernel(Args args) {
+  constexpr bool kSplitFp32 = std::is_same<In, float>::value;
+  using FragT = typename std::conditional<std::is_same<In, __half>::value, __half, __nv_bfloat16>::type;
+  using FragA = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, FragT, wmma::row_major>;
+  using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, FragT, wmma::row_major>;
+  using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
+
+  __shared__ __align__(16) In stage[kWarpsPerBlock][2][kSliceLen];
+  const int warp_in_block = threadIdx.x / 32;
+  In* su = stage[warp_in_block][0];
+  In* sv = args.v_is_u ? su : stage[warp_in_block][1];
+
+  const In* u = static_cast<const In*>(args.u);
+  const In* v = static_cast<const In*>(args.v);
+  Out* out = static_cast<Out*>(args.out);
+  // Lambdas below capture locals, not `args`: capturing the kernel parameter would copy it to the stack.
+  const std::int64_t n = args.n;
+  const int group = args.group, slices = args.slices_per_side, width = args.vector_width;
+  const float alpha = args.alpha;
+
+  // Operand fragments from the staged slices: u in the first column of A, v in the first row of B (fp32:
+  // the nine bf16 term pairs along k). Returns false when the vector holds an Inf or a NaN (fp32 only).
+  auto load_a = [&](FragA& a, const In* p, int count) {
+    if constexpr (!kSplitFp32) {
+      wmmae::load_vector(a, p, count);
+      return true;
+    } else {
+      bool finite = true;  // k = 3 * (term of u) + (term of v) for k < 9, zero beyond
+      wmmae::foreach_ij(a, [&](auto xs, int i, int k) {
+        const float x = i < count ? p[i] : 0.0f;
+        finite &= isfinite(x);
+        wmmae::assign(a, xs, k < 9 ? bf16x3_term(x, k / 3) : __float2bfloat16_rn(0.0f));
+      });
+      return finite;
+    }
+  };
+  auto load_b = [&](FragB& b, const In* p, int count) {
+    if constexpr (!kSplitFp32) {
+      wmmae::load_vector(b, p, count);
+      return true;
+    } else {
+      bool finite = true;
+      wmmae::foreach_ij(b, [&](auto xs, int k, int j) {
+        const float y = j < count ? p[j] : 0.0f;
+        finite &= isfinite(y);
+        wmmae::assign(b, xs, k < 9 ? bf16x3_term(y, k % 3) : __float2bfloat16_rn(0.0f));
+      });
+      return finite;
+    }
+  };
+
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const std::int64_t num_warps = static_cast<std::int64_t>(gridDim.x) * blockDim.x / 32;
+  for (std::int64_t unit = warp; unit < args.num_units; unit += num_warps) {
+    std::int64_t first_item = unit;
+    int r0 = 0, c0 = 0;
+    if (slices > 1) {  // n > kSliceLen: one item per unit, in slices x slices blocks
+      const std::int64_t per_item = static_cast<std::int64_t>(slices) * slices;
+      first_item = unit / per_item;
+      const int s = static_cast<int>(unit - first_item * per_item);
+      r0 = s / slices * kSliceLen;
+      c0 = s % slices * kSliceLen;
+    } else {
+      first_item = unit * group;
+    }
+    const int items = static_cast<int>(min(static_cast<std::int64_t>(group), args.batch - first_item));
+    const int u_len = static_cast<int>(min(static_cast<std::int64_t>(kSliceLen), n - r0));
+    const int v_len = static_cast<int>(min(static_cast<std::int64_t>(kSliceLen), n - c0));
+
+    __syncwarp();  // every lane is done reading the previous unit's slices
+    stage_slices(su, u + first_item * args.u_batch_stride + r0 * args.u_stride, items, u_len, args.u_batch_stride,
+                 args.u_stride);
+    if (!args.v_is_u) {
+      stage_slices(sv, v + first_item * args.v_batch_stride + c0 * args.v_stride, items, v_len, args.v_batch_stride,
+                   args.v_stride);
+    }
+    __syncwarp();
+
+    for (int g = 0; g < items; ++g) {
+      const In* ug = su + g * u_len;
+      const In* vg = sv + g * v_len;
+      Out* out_block = out + ((first_item + g) * n + r0) * n + c0;
+      for (int ti = 0; ti * kTile < u_len; ++ti) {
+        const int rows = min(kTile, u_len - ti * kTile);
+        FragA a;
+        const bool finite_a = load_a(a, ug + ti * kTile, rows);
+        for (int tj = 0; tj * kTile < v_len; ++tj) {
+          const int cols = min(kTile, v_len - tj * kTile);
+          const float diagonal = r0 + ti * kTile == c0 + tj * kTile ? alpha : 0.0f;
+          FragB b;
+          const bool finite = load_b(b, vg + tj * kTile, cols) && finite_a;
+          Acc c;
+          if (kSplitFp32 && __any_sync(0xffffffffu, !finite)) {
+            wmmae::foreach_ij(c, [&](auto xs, int i, int j) {
+              const float x = i < rows ? wmmae::to_float(ug[ti * kTile + i]) : 0.0f;
+              const float y = j < cols ? wmmae::to_float(vg[tj * kTile + j]) : 0.0f;
+              wmmae::assign(c, xs, x * y + (i == j ? diagonal : 0.0f));
+            });
+          } else {
+            wmmae::make_identity(c, diagonal);
+            wmma::mma_sync(c, a, b, c);
+          }
+          store_tile<Config::streaming_stores>(out_block + ti * kTile * n + tj * kTile, n, rows, cols, width, c);
+        }
+      }
+    }
+  }
+}
+
+// Fills in the launch-dependent fields of `args` (grouping, store width) and launches on `stream`.
+template <class In, class Out, class Config = KernelConfig<>>
+void launch(Args args, int sm_count, cudaStream_t stream) {
+  const std::int64_t n = args.n;
+  args.slices_per_side = static_cast<int>((n + kSliceLen - 1) / kSliceLen);
+  args.group = items_per_unit(n, sizeof(Out));
+  args.v_is_u = args.v_is_u && args.slices_per_side == 1;
+  const std::int64_t groups = (args.batch + args.group - 1) / args.group;
+  args.num_units = groups * args.slices_per_side * args.slices_per_side;
+  const auto address = reinterpret_cast<std::uintptr_t>(args.out);
+  args.vector_width = n % 4 == 0 && address % (4 * sizeof(Out)) == 0 ? 4 : (n % 2 == 0 && address % (2 * sizeof(Out)) == 0 ? 2 : 1);
+  // A grid-stride loop over units: enough blocks to fill every SM several times over.
+  const std::int64_t wanted = (args.num_units + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, static_cast<std::int64_t>(sm_count) * 16));
+  batched_outer_kernel<In, Out, Config><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args);
+}
+
+}  // namespace outer
+}  // namespace wmmae_ops
