@@ -642,3 +642,29 @@ def test_split_k_shapes(method):
         torch.use_deterministic_algorithms(previous)
     assert torch.equal(first, second)
     assert rel_err(first, ref) <= 4 * max(fp32_err, 2**-24)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 2048, 8192, 1024), (8, 512, 1024, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("transposed", [False, True], ids=["row_major", "a_and_b_transposed"])
+def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
+    """No stored copies of A or B (nor hi/lo splits): besides the output, a call allocates at most 3% of
+    A's size (the exponent ranges of A's rows and B's columns), also for transposed views."""
+    batch, m, k, n = shape
+    gen = torch.Generator(device="cuda").manual_seed(m + k + n)
+    a = torch.randn(batch, k, m, device="cuda", generator=gen).transpose(-1, -2) if transposed else \
+        torch.randn(batch, m, k, device="cuda", generator=gen)
+    b = torch.randn(batch, n, k, device="cuda", generator=gen).transpose(-1, -2) if transposed else \
+        torch.randn(batch, k, n, device="cuda", generator=gen)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = corrected_matmul(a, b, method=method)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
+    assert extra <= 0.03 * a.numel() * a.element_size(), (extra, a.numel() * 4)
+    ref = torch.matmul(a[:1, :64].double(), b[:1].double())
+    assert rel_err(out[:1, :64], ref) < 1e-6

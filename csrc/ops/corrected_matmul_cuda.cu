@@ -91,6 +91,7 @@ struct LinesArgs {
   BatchStrides batch;
   bool use_b_strides;                    // which operand's batch strides apply
   RangeArrays out;                       // [num_batches][lines]
+  std::int64_t num_batches;
 };
 
 constexpr int kChunk = 256;  // elements of one line reduced by one thread (strided lines)
@@ -113,50 +114,56 @@ __device__ inline ExponentRange warp_merge(ExponentRange r) {
   return r;
 }
 
-// Lines contiguous in memory (elem_stride == 1): a warp reduces kChunk * 32 / 8 elements of one line.
+// Lines contiguous in memory (elem_stride == 1): a warp reduces kWarpSpan elements of one line. Batch
+// entries beyond the grid's z extent (65535) are taken in a grid-stride loop.
 __global__ void line_ranges_contiguous_kernel(LinesArgs args) {
   constexpr int kWarpSpan = 1024;
-  const std::int64_t z = blockIdx.z;
-  std::int64_t a_off, b_off;
-  batch_offsets(args.batch, z, a_off, b_off);
-  const float* base = args.base + (args.use_b_strides ? b_off : a_off);
   const std::int64_t chunks = (args.length + kWarpSpan - 1) / kWarpSpan;
   const std::int64_t task = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (task >= args.lines * chunks) return;
   const std::int64_t line = task / chunks, chunk = task % chunks;
-  const float* p = base + line * args.line_stride;
-  ExponentRange r = empty_exponent_range();
   const std::int64_t end = min(args.length, (chunk + 1) * kWarpSpan);
-  for (std::int64_t e = chunk * kWarpSpan + (threadIdx.x % 32); e < end; e += 32) include_value(r, p[e]);
-  r = warp_merge(r);
-  if (threadIdx.x % 32 == 0) merge_into(args.out, z * args.lines + line, r);
+  for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
+    std::int64_t a_off, b_off;
+    batch_offsets(args.batch, z, a_off, b_off);
+    const float* p = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
+    ExponentRange r = empty_exponent_range();
+    for (std::int64_t e = chunk * kWarpSpan + (threadIdx.x % 32); e < end; e += 32) include_value(r, p[e]);
+    r = warp_merge(r);
+    if (threadIdx.x % 32 == 0) merge_into(args.out, z * args.lines + line, r);
+  }
 }
 
-// Strided lines: consecutive threads take consecutive lines (coalesced when line_stride == 1).
+// Strided lines: consecutive threads take consecutive lines (coalesced when line_stride == 1), kChunk
+// elements of a line each; grid-stride loops over chunks (y) and batch entries (z).
 __global__ void line_ranges_strided_kernel(LinesArgs args) {
-  const std::int64_t z = blockIdx.z;
-  std::int64_t a_off, b_off;
-  batch_offsets(args.batch, z, a_off, b_off);
-  const float* base = args.base + (args.use_b_strides ? b_off : a_off);
   const std::int64_t line = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (line >= args.lines) return;
-  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * kChunk;
-  const std::int64_t end = min(args.length, begin + kChunk);
-  ExponentRange r = empty_exponent_range();
-  for (std::int64_t e = begin; e < end; ++e) include_value(r, base[line * args.line_stride + e * args.elem_stride]);
-  merge_into(args.out, z * args.lines + line, r);
+  for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
+    std::int64_t a_off, b_off;
+    batch_offsets(args.batch, z, a_off, b_off);
+    const float* base = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
+    for (std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * kChunk; begin < args.length;
+         begin += static_cast<std::int64_t>(gridDim.y) * kChunk) {
+      const std::int64_t end = min(args.length, begin + kChunk);
+      ExponentRange r = empty_exponent_range();
+      for (std::int64_t e = begin; e < end; ++e) include_value(r, base[e * args.elem_stride]);
+      merge_into(args.out, z * args.lines + line, r);
+    }
+  }
 }
 
-void launch_line_ranges(const LinesArgs& args, std::int64_t num_batches, cudaStream_t stream) {
+void launch_line_ranges(const LinesArgs& args, cudaStream_t stream) {
   if (args.lines == 0 || args.length == 0) return;
-  const unsigned z = static_cast<unsigned>(num_batches);
+  constexpr std::int64_t kMaxGridYZ = 65535;
+  const unsigned z = static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ));
   if (args.elem_stride == 1) {
     const std::int64_t tasks = args.lines * ((args.length + 1023) / 1024);
     const dim3 grid(static_cast<unsigned>((tasks + 7) / 8), 1, z);
     line_ranges_contiguous_kernel<<<grid, 256, 0, stream>>>(args);
   } else {
     const dim3 grid(static_cast<unsigned>((args.lines + 255) / 256),
-                    static_cast<unsigned>((args.length + kChunk - 1) / kChunk), z);
+                    static_cast<unsigned>(std::min((args.length + kChunk - 1) / kChunk, kMaxGridYZ)), z);
     line_ranges_strided_kernel<<<grid, 256, 0, stream>>>(args);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -633,12 +640,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     const std::int64_t a_block = plan.batch * plan.m;
     args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
     args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
-    const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges};
-    const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges};
-    TORCH_CHECK(plan.batch <= 65535, "corrected_matmul: method '", method_name, "' supports at most 65535 batch "
-                "entries, got ", plan.batch);
-    launch_line_ranges(a_lines, plan.batch, stream);
-    launch_line_ranges(b_lines, plan.batch, stream);
+    const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
+    const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
+    launch_line_ranges(a_lines, stream);
+    launch_line_ranges(b_lines, stream);
   }
   if (method != Method::tf32) launch_gemm<Method::fp16>(args, a_row, b_row, stream);
   if (method != Method::fp16) launch_gemm<Method::tf32>(args, a_row, b_row, stream);
