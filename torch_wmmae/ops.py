@@ -39,7 +39,8 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be one of {METHODS}, got {method!r}")
     torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
     torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
-    torch._check(a.dim() >= 1 and b.dim() >= 1, lambda: "corrected_matmul: arguments must have at least 1 dimension")
+    torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
+    torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)

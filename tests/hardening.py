@@ -1,0 +1,194 @@
+"""Shared checks of the hardening tests (issue #6): test_fuzz_batched_outer, test_bad_inputs, test_stress,
+test_large and test_multi_gpu.
+
+The references are independent of the package: float64 arithmetic on the inputs (u v^T + alpha I is exact in
+float64 for every input dtype: the products of two float32 values have at most 48 significant bits), and
+torch.matmul in float64 for corrected_matmul.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+import torch_wmmae
+from conftest import U32, random_tensor
+
+# float32's smallest normal number: where its subnormal range begins.
+FP32_TINY = 2.0**-126
+# One ulp of float32's subnormal range.
+FP32_SUBNORMAL_ULP = 2.0**-149
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer from the environment (tests scale their work with it), `default` when unset."""
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+def is_gpu(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _f64(x: float) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def analytic_arch(device) -> int:
+    """The fragment_map(arch=...) table that the GPU `device` must measure: its compute capability where an
+    analytic table exists (sm_80, 86, 89, 90 share one layout), else 80."""
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    cc = 10 * major + minor
+    return cc if cc in (80, 86, 89, 90) else 80
+
+
+# --------------------------------------------------------------------------------------------------------
+# batched_outer
+# --------------------------------------------------------------------------------------------------------
+def as_float32_value(alpha: float) -> float:
+    """alpha as the op uses it: rounded to a float32 value (inf when it overflows float32)."""
+    return float(torch.tensor(alpha, dtype=torch.float64).float())
+
+
+def outer_reference64(u: torch.Tensor, v: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    """u v^T + alpha I in float64, on the CPU. alpha is added on the diagonal only (an infinite alpha must
+    not turn the off-diagonal zeros of alpha * I into NaN)."""
+    u64 = u.detach().cpu().double()
+    v64 = u64 if v is None else v.detach().cpu().double()
+    out = u64.unsqueeze(-1) * v64.unsqueeze(-2)
+    a32 = as_float32_value(alpha)
+    if a32 != 0.0:
+        out.diagonal(0, -2, -1).add_(a32)
+    return out
+
+
+def _ulp32(x64: torch.Tensor) -> torch.Tensor:
+    """The float32 ulp of x rounded to float32, as float64 (the ulp of the largest finite float32 for inf)."""
+    a = x64.float().abs()
+    a = torch.where(torch.isfinite(a), a, torch.full_like(a, torch.finfo(torch.float32).max))
+    return torch.nextafter(a, torch.full_like(a, float("inf"))).double() - a.double()
+
+
+def outer_fp32_tolerance(u, v, alpha: float, ref: torch.Tensor, on_gpu: bool) -> torch.Tensor:
+    """How far the op's float32 intermediate result may be from the float64 reference, per element.
+
+    - CPU: 0. The CPU implementation computes in float64 and rounds once: correctly rounded.
+    - GPU, fp16/bf16 inputs: 0 off the diagonal (an fp16/bf16 product is exact in float32; in float32's
+      subnormal range the tensor core rounds the product itself: one subnormal ulp). On the diagonal with
+      alpha != 0: 1 float32 ulp (the tensor core rounds u_i v_i + alpha itself; as in test_batched_outer).
+    - GPU, float32 inputs: 4 u (|u_i v_j| + |alpha| d_ij) + 2^-126, as in test_batched_outer.
+    """
+    if not on_gpu:
+        return torch.zeros_like(ref)
+    n = ref.shape[-1]
+    diag = torch.eye(n, dtype=torch.bool).expand(ref.shape)
+    a32 = as_float32_value(alpha)
+    if u.dtype == torch.float32:
+        u64 = u.detach().cpu().double().abs()
+        v64 = u64 if v is None else v.detach().cpu().double().abs()
+        scale = u64.unsqueeze(-1) * v64.unsqueeze(-2) + torch.where(diag, _f64(abs(a32)), _f64(0.0))
+        return 4 * U32 * scale + FP32_TINY
+    subnormal = torch.where(ref.abs() < FP32_TINY, _f64(FP32_SUBNORMAL_ULP), _f64(0.0))
+    if a32 == 0.0:
+        return subnormal
+    return torch.where(diag, torch.maximum(_ulp32(ref), subnormal), subnormal)
+
+
+def _describe_outer_failure(mask, out, out_dtype, ref, lo, hi, u, v, alpha) -> str:
+    bad = mask.nonzero()
+    idx = tuple(bad[0].tolist())
+    i, j = idx[-2], idx[-1]
+    u_c = u.detach().cpu()
+    v_c = u_c if v is None else v.detach().cpu()
+    ui = u_c[idx[:-2] + (i,)].item()
+    vj = v_c[idx[:-2] + (j,)].item()
+    return (
+        f"{bad.shape[0]} bad element(s) of {tuple(out.shape)}; first at {idx}: u_i={ui!r} v_j={vj!r} "
+        f"alpha={alpha!r} ({u.dtype} -> {out_dtype}, {u.device}): got {out[idx].item()!r}, float64 reference "
+        f"{ref[idx].item()!r}, allowed [{lo[idx].item()!r}, {hi[idx].item()!r}]"
+    )
+
+
+def assert_outer_correct(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor | None, alpha: float,
+                         out_dtype: torch.dtype | None) -> None:
+    """The accuracy contract of batched_outer (issue #6), for any inputs including NaN, Inf, subnormals:
+
+    - shape (..., n, n), dtype out_dtype (float32 by default), contiguous, on u's device;
+    - NaN exactly where the float64 reference is NaN, the same signed Inf where it is infinite;
+    - elsewhere the result is the float64 reference with the float32 error of `outer_fp32_tolerance`,
+      rounded once to out_dtype: out in [R(ref - tol), R(ref + tol)], R = rounding to out_dtype (monotone,
+      so this allows exactly the double rounding float32 -> fp16/bf16 of a float32 result within tol).
+      On the CPU tol = 0: out == R(ref), bit for bit.
+    """
+    want_dtype = torch.float32 if out_dtype is None else out_dtype
+    assert out.dtype == want_dtype, f"dtype {out.dtype}, expected {want_dtype}"
+    assert out.shape == (*u.shape, u.shape[-1]), f"shape {tuple(out.shape)} for u of shape {tuple(u.shape)}"
+    assert out.device == u.device
+    assert out.is_contiguous()
+    if out.numel() == 0:
+        return
+    ref = outer_reference64(u, v, alpha)
+    got = out.detach().cpu()
+    got64 = got.double()
+    nan_ref, inf_ref = torch.isnan(ref), torch.isinf(ref)
+    nan_mismatch = torch.isnan(got64) != nan_ref
+    inf_mismatch = inf_ref & (got64 != ref)
+    finite = ~(nan_ref | inf_ref)
+    tol = torch.where(finite, outer_fp32_tolerance(u, v, alpha, ref, is_gpu(u.device)), _f64(0.0))
+    ref_f = torch.where(finite, ref, _f64(0.0))
+    lo = (ref_f - tol).to(want_dtype).double()
+    hi = (ref_f + tol).to(want_dtype).double()
+    lo = torch.where(finite, lo, ref)
+    hi = torch.where(finite, hi, ref)
+    out_of_range = finite & ~((got64 >= lo) & (got64 <= hi))
+    for mask, what in ((nan_mismatch, "NaN positions"), (inf_mismatch, "Inf values"), (out_of_range, "values")):
+        assert not mask.any(), f"{what} differ: " + _describe_outer_failure(mask, got64, want_dtype, ref, lo, hi, u, v, alpha)
+
+
+# --------------------------------------------------------------------------------------------------------
+# corrected_matmul
+# --------------------------------------------------------------------------------------------------------
+def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    """torch.matmul's shape, float32, contiguous, and the classical float32 dot-product bound elementwise:
+    |out - ref| <= (K + 16) u (|a| |b|), K sequential roundings plus the split's error per product (as in the
+    property test of test_corrected_matmul). References in float64 on a's device."""
+    a64, b64 = a.detach().double(), b.detach().double()
+    ref = torch.matmul(a64, b64)
+    assert out.shape == ref.shape, f"{what}shape {tuple(out.shape)}, torch.matmul gives {tuple(ref.shape)}"
+    assert out.dtype == torch.float32 and out.is_contiguous() and out.device == a.device
+    if out.numel() == 0:
+        return
+    k = a.shape[-1]
+    bound = (k + 16) * U32 * torch.matmul(a64.abs(), b64.abs())
+    err = (out.double() - ref).abs()
+    bad = ~(err <= bound)
+    if bad.any().item():
+        idx = tuple(bad.nonzero()[0].tolist())
+        raise AssertionError(
+            f"{what}{int(bad.sum().item())} element(s) outside (K+16)u|a||b| for {tuple(a.shape)} @ "
+            f"{tuple(b.shape)}; first at {idx}: got {out[idx].item()!r}, float64 {ref[idx].item()!r}, "
+            f"bound {bound[idx].item():.3e}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------
+# A device context that still works
+# --------------------------------------------------------------------------------------------------------
+def assert_device_still_usable(device, gen: torch.Generator) -> None:
+    """Runs small, correct calls of every op on `device` and checks them against references; on a GPU then
+    synchronizes, so that an asynchronous error of an earlier (bad) call (an illegal address, a launch
+    failure) surfaces here and the CUDA context is shown to be usable."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # "cuda" means the current device; tensors report its index
+        dev = torch.device("cuda", torch.cuda.current_device())
+    a = random_tensor(gen, (19, 37), "normal", dev)
+    b = random_tensor(gen, (37, 11), "normal", dev)
+    assert_matmul_within_dot_product_bound(torch_wmmae.corrected_matmul(a, b), a, b)
+    u = random_tensor(gen, (3, 21), "normal", dev, torch.float16)
+    assert_outer_correct(torch_wmmae.batched_outer(u, alpha=0.0), u, None, 0.0, None)
+    if dev.type == "cuda":
+        table = torch_wmmae.fragment_map("accumulator", 16, 16, 16, "float", device=dev)
+        assert table.device == dev
+        want = torch_wmmae.fragment_map("accumulator", 16, 16, 16, "float", arch=analytic_arch(dev))
+        assert torch.equal(table.cpu(), want)
+        torch.cuda.synchronize(dev)

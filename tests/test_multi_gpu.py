@@ -1,0 +1,170 @@
+"""Several devices (issue #6): the ops run on the device of their inputs whatever the current device is, their
+outputs stay there, mixed devices raise a clear error, and DistributedDataParallel training through
+corrected_matmul's autograd works (tests/distributed/ddp_train.py, launched with torch.distributed.run).
+
+The GPU tests need 2 CUDA devices. The DDP script also runs on the CPU (gloo, 2 processes), which checks the
+script and the CPU implementation's autograd under DDP on any machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_wmmae import batched_outer, corrected_matmul, fragment_map
+
+from conftest import random_tensor, rel_err
+from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+requires_two_gpus = pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA GPUs")
+DDP_SCRIPT = pathlib.Path(__file__).parent / "distributed" / "ddp_train.py"
+# Required on our multi-GPU machines: no NVLink multicast / NVLS.
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+ACC16 = ("accumulator", 16, 16, 16, "float")
+
+
+def check_ops_on(dev: torch.device, gen: torch.Generator) -> None:
+    """Both ops (every method, forward and backward) and fragment_map on `dev`: outputs on `dev`, correct."""
+    a = random_tensor(gen, (129, 300), "normal", dev)
+    b = random_tensor(gen, (300, 65), "normal", dev)
+    for method in ("auto", "fp16", "tf32"):
+        out = corrected_matmul(a, b, method=method)
+        assert out.device == dev
+        assert_matmul_within_dot_product_bound(out, a, b, what=f"{dev} method={method}: ")
+    a_req, b_req = a.clone().requires_grad_(), b.clone().requires_grad_()
+    grad_out = random_tensor(gen, (129, 65), "normal", dev)
+    corrected_matmul(a_req, b_req).backward(grad_out)
+    assert a_req.grad.device == dev and b_req.grad.device == dev
+    assert rel_err(a_req.grad, grad_out.double() @ b.double().t()) < 1e-5
+    assert rel_err(b_req.grad, a.double().t() @ grad_out.double()) < 1e-5
+
+    u = random_tensor(gen, (7, 48), "normal", dev, torch.float16)
+    v = random_tensor(gen, (7, 48), "normal", dev, torch.float16)
+    out = batched_outer(u, v, alpha=0.5)
+    assert out.device == dev
+    assert_outer_correct(out, u, v, 0.5, None)
+    u32 = random_tensor(gen, (5, 100), "normal", dev)
+    out = batched_outer(u32, out_dtype=torch.bfloat16)
+    assert out.device == dev
+    assert_outer_correct(out, u32, None, 0.0, torch.bfloat16)
+
+    table = fragment_map(*ACC16, device=dev)
+    assert table.device == dev
+    assert torch.equal(table.cpu(), fragment_map(*ACC16, arch=analytic_arch(dev)))
+
+
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+@pytest.mark.usefixtures("ieee_fp32")
+@requires_two_gpus
+@pytest.mark.gpu
+def test_ops_run_on_the_inputs_device(gen, current, target):
+    """Inputs on cuda:target while cuda:current is the current device (`with torch.cuda.device(current)`):
+    everything runs on cuda:target, outputs and gradients stay there, and the current device is unchanged."""
+    dev = torch.device("cuda", target)
+    with torch.cuda.device(current):
+        check_ops_on(dev, gen)
+        torch.cuda.synchronize(dev)
+        assert torch.cuda.current_device() == current
+
+
+@requires_two_gpus
+@pytest.mark.gpu
+def test_fragment_map_plain_cuda_means_the_current_device():
+    for index in (0, 1):
+        with torch.cuda.device(index):
+            table = fragment_map(*ACC16, device="cuda")
+            assert table.device == torch.device("cuda", index)
+            assert torch.equal(table.cpu(), fragment_map(*ACC16, arch=analytic_arch(index)))
+
+
+@requires_two_gpus
+@pytest.mark.gpu
+@pytest.mark.usefixtures("ieee_fp32")
+def test_both_devices_at_once_give_the_same_bits(gen):
+    """The same inputs on cuda:0 and cuda:1, launched back to back without synchronizing: identical results
+    (corrected_matmul in deterministic mode, where it does not split K; batched_outer always)."""
+    a = random_tensor(gen, (200, 3000), "normal")
+    b = random_tensor(gen, (3000, 150), "normal")
+    u = random_tensor(gen, (2000, 64), "normal", dtype=torch.float16)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        outs = []
+        for index in (0, 1):
+            dev = torch.device("cuda", index)
+            ad, bd, ud = a.to(dev), b.to(dev), u.to(dev)
+            outs.append((corrected_matmul(ad, bd), batched_outer(ud, alpha=1.5), batched_outer(ad[:, :100], out_dtype=torch.float16)))
+        results = [[t.cpu() for t in o] for o in outs]
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for x, y in zip(*results):
+        assert torch.equal(x, y)
+    assert_matmul_within_dot_product_bound(results[0][0], a, b)
+    assert_outer_correct(results[0][1], u, None, 1.5, None)
+
+
+MIXED = {
+    "matmul": (lambda d0, d1, gen: corrected_matmul(random_tensor(gen, (3, 4), device=d0), random_tensor(gen, (4, 2), device=d1)),
+               r"arguments 'a' and 'b' must be on the same device, got a on cuda:0 and b on cuda:1"),
+    "matmul_reversed": (lambda d0, d1, gen: corrected_matmul(random_tensor(gen, (3, 4), device=d1), random_tensor(gen, (4, 2), device=d0), method="tf32"),
+                        r"arguments 'a' and 'b' must be on the same device, got a on cuda:1 and b on cuda:0"),
+    "outer": (lambda d0, d1, gen: batched_outer(random_tensor(gen, (3, 4), device=d0, dtype=torch.float16),
+                                                random_tensor(gen, (3, 4), device=d1, dtype=torch.float16)),
+              r"arguments 'u' and 'v' must be on the same device, got u on cuda:0 and v on cuda:1"),
+    "outer_raw_fp32": (lambda d0, d1, gen: torch.ops.wmmae.batched_outer(random_tensor(gen, (3, 4), device=d1),
+                                                                          random_tensor(gen, (3, 4), device=d0), 1.0, None),
+                       r"arguments 'u' and 'v' must be on the same device"),
+}
+
+
+@requires_two_gpus
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(MIXED))
+def test_mixed_cuda_devices_raise(gen, case):
+    call, pattern = MIXED[case]
+    with pytest.raises(RuntimeError, match=pattern):
+        call(torch.device("cuda", 0), torch.device("cuda", 1), gen)
+    for index in (0, 1):
+        assert_device_still_usable(torch.device("cuda", index), gen)
+
+
+# --------------------------------------------------------------------------------------------------------
+# DistributedDataParallel
+# --------------------------------------------------------------------------------------------------------
+def run_ddp(tmp_path, backend: str, device: str, extra_env: dict) -> dict:
+    out = tmp_path / "ddp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(DDP_SCRIPT),
+           "--backend", backend, "--device", device, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra_env}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    report = json.loads(out.read_text())
+    assert report["world"] == 2
+    losses, ref_losses = report["losses"], report["reference_losses"]
+    assert len(losses) == 20
+    # (a) training makes progress
+    assert losses[-1] < 0.5 * losses[0] and sum(losses[-5:]) < sum(losses[:5]), losses
+    # (b) the same parameters on both ranks, bit for bit
+    assert report["identical_on_ranks"]
+    # (c) the trajectory of single-process float32 training on the full batches
+    assert report["param_rel_diff"] < 1e-4, report
+    assert report["loss_rel_diff"] < 1e-4, (losses, ref_losses)
+    return report
+
+
+@requires_two_gpus
+@pytest.mark.gpu
+def test_ddp_nccl_two_gpus(tmp_path):
+    report = run_ddp(tmp_path, "nccl", "cuda", NCCL_ENV)
+    assert report["device"] == "cuda:0"
+
+
+def test_ddp_gloo_two_cpu_processes(tmp_path):
+    report = run_ddp(tmp_path, "gloo", "cpu", {})
+    assert report["device"] == "cpu"

@@ -1,0 +1,188 @@
+"""Stress (issue #6, CUDA only): thousands of calls of both ops with random shapes, methods, dtypes and strided
+views, spread round-robin over 4 CUDA streams.
+
+- Inputs are made either on the side stream that runs the op, or on the current stream; then the side stream
+  waits for the current one and the inputs are record_stream()-ed on the side stream, so that deleting them
+  right after the launch (as most calls here do) cannot hand their memory to another stream too early.
+- A random subset of the results (about 1 in 8) is checked against float64 references after waiting for an
+  event recorded on the stream that produced it.
+- torch.cuda.memory_allocated() after the loop (all results dropped, gc run) must equal its value before, and
+  a final synchronize must raise nothing (no asynchronous error).
+
+TORCH_WMMAE_STRESS_CALLS scales the number of calls (default 2000).
+"""
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+import torch
+
+from torch_wmmae import batched_outer, corrected_matmul
+
+from conftest import requires_cuda
+from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct, env_int
+
+pytestmark = [requires_cuda, pytest.mark.gpu]
+
+CALLS = env_int("TORCH_WMMAE_STRESS_CALLS", 2000)
+NUM_STREAMS = 4
+CHECK_PROBABILITY = 1 / 8
+DRAIN_EVERY = 32  # pending checks are drained in groups (each check synchronizes the host)
+METHODS = ["auto", "fp16", "tf32"]
+OUTER_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _matrix(gen, rows, cols, layout):
+    """A (rows, cols) float32 CUDA tensor: contiguous, a transposed view, or a strided slice of a larger one."""
+    if layout == "transposed":
+        return torch.randn(cols, rows, device="cuda", generator=gen).t()
+    if layout == "sliced":
+        big = torch.randn(rows + 3, 2 * cols + 5, device="cuda", generator=gen)
+        return big[2 : 2 + rows, 3 : 3 + 2 * cols : 2]
+    return torch.randn(rows, cols, device="cuda", generator=gen)
+
+
+def make_call(rng: random.Random, gen: torch.Generator):
+    """A random call: (kind, inputs tuple, keyword arguments). Tensors are made on the current stream."""
+    if rng.random() < 0.5:
+        m, n = rng.choice([1, 7, 16, 33, rng.randint(1, 256)]), rng.choice([1, 9, 16, 64, rng.randint(1, 256)])
+        k = rng.choice([1, 16, 100, rng.randint(1, 1024)])
+        a = _matrix(gen, m, k, rng.choice(["contiguous", "transposed", "sliced"]))
+        b = _matrix(gen, k, n, rng.choice(["contiguous", "transposed", "sliced"]))
+        if rng.random() < 0.25:  # batched, b broadcast over the batch
+            batch = rng.randint(2, 5)
+            a = torch.stack([a] + [torch.randn(a.shape, device="cuda", generator=gen) for _ in range(batch - 1)])
+        return "matmul", (a, b), {"method": rng.choice(METHODS)}
+    n = rng.choice([1, 16, 17, 32, 48, 100, rng.randint(1, 130)])
+    batch = rng.randint(1, 64)
+    dtype = rng.choice(OUTER_DTYPES)
+    u = torch.randn(batch, n, device="cuda", generator=gen).to(dtype)
+    if rng.random() < 0.3:  # a strided view
+        u = torch.randn(batch, 2 * n, device="cuda", generator=gen).to(dtype)[:, ::2]
+    v = torch.randn(batch, n, device="cuda", generator=gen).to(dtype) if rng.random() < 0.5 else None
+    kwargs = {"alpha": rng.choice([0.0, 1.5, -0.25]), "out_dtype": rng.choice([None, torch.float16, torch.bfloat16])}
+    return "outer", (u, v), kwargs
+
+
+def run_call(kind, inputs, kwargs):
+    if kind == "matmul":
+        return corrected_matmul(*inputs, **kwargs)
+    return batched_outer(*inputs, **kwargs)
+
+
+def check_call(kind, inputs, kwargs, out):
+    if kind == "matmul":
+        a, b = (x.cpu() for x in inputs)
+        assert_matmul_within_dot_product_bound(out.cpu(), a, b, what=f"method={kwargs['method']}: ")
+    else:
+        u, v = inputs
+        assert_outer_correct(out, u, v, kwargs["alpha"], kwargs["out_dtype"])
+
+
+def _tensors(inputs):
+    return [x for x in inputs if isinstance(x, torch.Tensor)]
+
+
+def drain(pending):
+    """Checks every pending result after its stream's event (the current stream waits for it)."""
+    while pending:
+        event, kind, inputs, kwargs, out = pending.pop(0)
+        torch.cuda.current_stream().wait_event(event)
+        check_call(kind, inputs, kwargs, out)
+
+
+def launch(i, rng, gen, streams, pending, check):
+    stream = streams[i % len(streams)]
+    if rng.random() < 0.5:  # inputs made on the side stream itself: ordered with the op
+        with torch.cuda.stream(stream):
+            kind, inputs, kwargs = make_call(rng, gen)
+            out = run_call(kind, inputs, kwargs)
+    else:  # inputs made on the current stream: the side stream waits, and owns them until it is done
+        kind, inputs, kwargs = make_call(rng, gen)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = run_call(kind, inputs, kwargs)
+        for x in _tensors(inputs):
+            x.record_stream(stream)
+    if check:
+        event = torch.cuda.Event()
+        event.record(stream)
+        pending.append((event, kind, inputs, kwargs, out))
+    # Otherwise inputs and output go out of scope here, while the stream may still be using them.
+
+
+def warm_up(gen, streams):
+    """Every op, method and dtype once on every stream (lazy initialization, per-stream state), checked."""
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            a, b = _matrix(gen, 40, 300, "contiguous"), _matrix(gen, 300, 24, "transposed")
+            for method in METHODS:
+                check_call("matmul", (a, b), {"method": method}, corrected_matmul(a, b, method=method))
+            for dtype in OUTER_DTYPES:
+                u = torch.randn(9, 37, device="cuda", generator=gen).to(dtype)
+                kwargs = {"alpha": 1.5, "out_dtype": torch.float16}
+                check_call("outer", (u, None), kwargs, batched_outer(u, **kwargs))
+    torch.cuda.synchronize()
+
+
+def test_many_calls_on_four_streams():
+    rng = random.Random(20261121)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
+    warm_up(gen, streams)
+    gc.collect()
+    baseline = torch.cuda.memory_allocated()
+
+    pending = []
+    for i in range(CALLS):
+        check = rng.random() < CHECK_PROBABILITY or i == CALLS - 1
+        launch(i, rng, gen, streams, pending, check)
+        if len(pending) >= DRAIN_EVERY:
+            drain(pending)
+    drain(pending)
+    torch.cuda.synchronize()  # an asynchronous error of any call raises here
+    gc.collect()
+    assert torch.cuda.memory_allocated() == baseline, (
+        f"memory_allocated grew from {baseline} to {torch.cuda.memory_allocated()} bytes over {CALLS} calls"
+    )
+
+
+def test_same_inputs_on_four_concurrent_streams_agree():
+    """The same calls, issued concurrently on 4 streams many times: every result is bitwise identical
+    (corrected_matmul in deterministic mode, where it does not split K) and correct. State shared between
+    concurrent calls (a static workspace, a flag array) would make results differ."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn(64, 8192, device="cuda", generator=gen)  # few output tiles, long K (a split-K shape)
+    b = torch.randn(8192, 96, device="cuda", generator=gen)
+    # Rows spanning up to 2^40: "auto" must take the tf32 split there (not fp16-safe).
+    a_wide = a * torch.exp2(torch.randint(-20, 21, a.shape, device="cuda", generator=gen).float())
+    u = torch.randn(4096, 48, device="cuda", generator=gen).half()
+    u32 = torch.randn(1024, 100, device="cuda", generator=gen)
+    streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        results = []
+        for _ in range(12):
+            for s in streams:
+                with torch.cuda.stream(s):
+                    results.append((corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"),
+                                    batched_outer(u, alpha=0.5), batched_outer(u32, out_dtype=torch.bfloat16)))
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    first = results[0]
+    for i, r in enumerate(results[1:], 1):
+        for j, (x, y) in enumerate(zip(first, r)):
+            assert torch.equal(x, y), f"call {i} (stream {i % NUM_STREAMS}), output {j} differs from call 0"
+    assert_matmul_within_dot_product_bound(first[0].cpu(), a.cpu(), b.cpu())
+    assert_matmul_within_dot_product_bound(first[1].cpu(), a_wide.cpu(), b.cpu())
+    assert_outer_correct(first[2], u, None, 0.5, None)
+    assert_outer_correct(first[3], u32, None, 0.0, torch.bfloat16)

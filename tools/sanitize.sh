@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Runs NVIDIA compute-sanitizer over the CUDA tests, one tool after the other (issue #6):
+#   compute-sanitizer --tool TOOL --error-exitcode 1 --print-limit 100 --target-processes all \
+#       python -m pytest -q -x <selection>
+# and writes, into $OUT (default ./sanitizer_out), one log per tool (sanitize_TOOL.log) and summary.md
+# (tool, tests run, errors reported, exit code, duration, GPU).
+#
+#   bash tools/sanitize.sh                         # every tool, default selections
+#   SANITIZE_TOOLS=memcheck bash tools/sanitize.sh # one tool (racecheck and initcheck are much slower)
+#   bash tools/sanitize.sh tests/test_batched_outer.py -k fp16   # extra pytest arguments, appended
+#
+# Environment:
+#   SANITIZE_TOOLS              tools, in order (default: "memcheck synccheck racecheck initcheck")
+#   SANITIZE_SELECTION          pytest selection for every tool (shell words, quotes allowed); default below
+#   SANITIZE_SELECTION_<TOOL>   the selection of one tool, e.g. SANITIZE_SELECTION_RACECHECK
+#   SANITIZE_TIMEOUT            seconds per tool (default 1800); SANITIZE_TIMEOUT_<TOOL> for one tool
+#   SANITIZE_EXTRA_ARGS         more compute-sanitizer arguments (e.g. "--leak-check full")
+#   TORCH_WMMAE_HYPOTHESIS_EXAMPLES  examples of tests/test_fuzz_batched_outer.py (default here: 5)
+#   TORCH_WMMAE_STRESS_CALLS    calls of tests/test_stress.py when selected (default here: 100)
+# The package must be built with its CUDA kernels first (e.g. bash tools/gpu_session.sh build).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+OUT_DIR=${OUT:-$PWD/sanitizer_out}
+mkdir -p "$OUT_DIR"
+TOOLS=${SANITIZE_TOOLS:-memcheck synccheck racecheck initcheck}
+DEFAULT_TIMEOUT=${SANITIZE_TIMEOUT:-1800}
+
+# The GPU tests that are fast enough under the sanitizer: no >2^31-element problems, no stress loop, no
+# multi-process or multi-GPU tests, no C++ / device-library builds, no torch.compile (Inductor compiles in
+# worker processes), no self-check subprocess.
+FAST='-m gpu -k "not large and not stress and not multi_gpu and not ddp and not cpp_api and not device_library and not self_check and not compile"'
+# racecheck and initcheck are one to two orders of magnitude slower: the op test files only, without the
+# parity sweeps (the same kernels on more shapes), opcheck, the long loops and the bad-input sweep (which
+# launches nothing but its small sanity calls).
+SLOW='tests/test_batched_outer.py tests/test_corrected_matmul.py tests/test_fragment_map.py tests/test_fuzz_batched_outer.py -m gpu -k "not large and not compile and not opcheck and not parity and not random_shapes and not beats_simt"'
+
+# initcheck reports reads of memory that the caching allocator handed out again as uninitialized (false
+# positives); without caching every tensor is its own cudaMalloc, which also lets memcheck see overruns
+# into neighbouring blocks. Used for every tool.
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+export TORCH_WMMAE_HYPOTHESIS_EXAMPLES=${TORCH_WMMAE_HYPOTHESIS_EXAMPLES:-5}
+export TORCH_WMMAE_STRESS_CALLS=${TORCH_WMMAE_STRESS_CALLS:-100}
+export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
+
+SANITIZER=$(command -v compute-sanitizer || true)
+[ -z "$SANITIZER" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] && SANITIZER="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+if [ -z "$SANITIZER" ]; then
+  echo "compute-sanitizer not found (PATH, \$CUDA_HOME/bin)" >&2
+  exit 2
+fi
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+GPU=${GPU:-unknown}
+
+summary="$OUT_DIR/summary.md"
+{
+  echo "# compute-sanitizer over the CUDA tests"
+  echo
+  echo "GPU: $GPU; $("$SANITIZER" --version 2>/dev/null | grep -i version | head -1); $(date -u '+%Y-%m-%d %H:%M UTC'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo
+  echo "| tool | tests run | errors reported | exit code | duration | selection |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+} > "$summary"
+
+status=0
+for tool in $TOOLS; do
+  upper=$(echo "$tool" | tr '[:lower:]' '[:upper:]')
+  sel_var="SANITIZE_SELECTION_$upper"
+  time_var="SANITIZE_TIMEOUT_$upper"
+  case $tool in
+    racecheck|initcheck) default_sel=$SLOW ;;
+    *) default_sel=$FAST ;;
+  esac
+  selection=${!sel_var:-${SANITIZE_SELECTION:-$default_sel}}
+  limit=${!time_var:-$DEFAULT_TIMEOUT}
+  sel_words=()
+  eval "sel_words=($selection)"
+  log="$OUT_DIR/sanitize_$tool.log"
+  echo "== $tool (timeout ${limit}s): pytest ${selection} $*"
+  start=$(date +%s)
+  # shellcheck disable=SC2086  # SANITIZE_EXTRA_ARGS is a list of words
+  timeout --signal=INT --kill-after=60 "$limit" \
+    "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 100 --target-processes all ${SANITIZE_EXTRA_ARGS:-} \
+    python -m pytest -q -x -p no:cacheprovider "${sel_words[@]}" "$@" > "$log" 2>&1
+  rc=$?
+  duration=$(( $(date +%s) - start ))
+  # One "ERROR SUMMARY: N errors" line per sanitized process.
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | awk '{s += $3} END {print s + 0}')
+  tests=$(grep -E '^(=+ )?([0-9]+ (passed|failed|skipped|deselected|xfailed|xpassed|errors?)|no tests ran).* in [0-9.]+s' "$log" \
+          | tail -1 | sed -E 's/^=+ //; s/ =+$//')
+  [ -z "$tests" ] && tests="(no pytest summary)"
+  case $rc in
+    0) verdict="$rc" ;;
+    124|137) verdict="$rc (timed out after ${limit}s)" ;;
+    *) verdict="$rc" ;;
+  esac
+  [ "$rc" -ne 0 ] && status=1
+  echo "| $tool | $tests | $errors | $verdict | ${duration} s | \`${selection//|/\\|} $*\` |" >> "$summary"
+  echo "   $tool: exit $rc, $errors sanitizer errors, ${duration} s; $tests"
+  if [ "$errors" -gt 0 ]; then
+    grep -m 20 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Program hit|Warning)' "$log" | sed 's/^/   /'
+  fi
+done
+
+echo
+cat "$summary"
+exit $status
