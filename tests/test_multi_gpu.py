@@ -106,7 +106,8 @@ def test_both_devices_at_once_give_the_same_bits(gen):
     for x, y in zip(*results):
         assert torch.equal(x, y)
     assert_matmul_within_dot_product_bound(results[0][0], a, b)
-    assert_outer_correct(results[0][1], u, None, 1.5, None)
+    # The GPU contract (one ulp of tensor-core accumulation on the diagonal), so the CUDA tensors.
+    assert_outer_correct(outs[0][1], u.to(outs[0][1].device), None, 1.5, None)
 
 
 MIXED = {

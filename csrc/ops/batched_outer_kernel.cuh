@@ -31,13 +31,16 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kSliceLen = 256;  // elements of u (and of v) a warp stages per unit
 
 // Compile-time choices of the kernel (the op uses the defaults; benchmarks may compare others).
-template <int MinBlocksPerSm = 4, bool StreamingStores = true>
+template <int MinBlocksPerSm = 4, bool StreamingStores = true, bool Prefetch = true>
 struct KernelConfig {
   // 4 resident blocks (32 warps, 64 registers) per SM: measured faster on an H200 than 5 (48 registers,
   // spills outside the tile loop) or 6, by 2-8%: each warp now waits for memory once per unit, not per tile.
   static constexpr int min_blocks_per_sm = MinBlocksPerSm;
   // Evict-first stores: the output is not read again by this kernel.
   static constexpr bool streaming_stores = StreamingStores;
+  // Copy the next unit's slices (cp.async, into a second buffer) while this unit's tiles are made, so
+  // that a warp does not wait for memory between units.
+  static constexpr bool prefetch = Prefetch;
 };
 
 struct Args {
@@ -48,7 +51,7 @@ struct Args {
   std::int64_t batch;
   std::int64_t num_units;
   int n;
-  int group;            // batch items per unit
+  int group;            // batch items per unit (0: chosen by launch)
   int slices_per_side;  // ceil(n / kSliceLen)
   int vector_width;     // elements per output store: 4, 2 or 1 (from n and the output's alignment)
   int band_stride;      // staged output: floats per band row in shared memory
@@ -193,6 +196,42 @@ __device__ __forceinline__ void stage_slices(In* dst, const In* src, int items, 
   }
 }
 
+// Asynchronous staging (sm_80+): the same copy as stage_slices as cp.async 16-byte words, for contiguous,
+// aligned slices only.
+template <class In>
+__device__ __forceinline__ bool can_stage_async(const In* src, int items, int len, std::int64_t batch_stride,
+                                                std::int64_t stride) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const bool contiguous = stride == 1 && (items == 1 || batch_stride == len);
+  return contiguous && reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && (items * len * sizeof(In)) % 16 == 0;
+#else
+  return false;
+#endif
+}
+
+template <class In>
+__device__ __forceinline__ void stage_slices_async(In* dst, const In* src, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kPerWord = 16 / sizeof(In);
+  for (int w = wmmae::lane_id(); w < count / kPerWord; w += 32) {
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + w * kPerWord));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(src + w * kPerWord) : "memory");
+  }
+#endif
+}
+
+// One commit group per unit: wait_async_all_but_newest() then waits for every unit but the newest one.
+__device__ __forceinline__ void commit_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_async_all_but_newest() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
 // Whether bf16x3_term splits v exactly (zero included).
 __device__ __forceinline__ bool bf16x3_exact(float v) {
   const float a = fabsf(v);
@@ -217,10 +256,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
   using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, FragT, wmma::row_major>;
   using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
 
-  __shared__ __align__(16) In stage[kWarpsPerBlock][2][kSliceLen];
+  constexpr int kBuffers = Config::prefetch ? 2 : 1;
+  __shared__ __align__(16) In stage[kWarpsPerBlock][kBuffers][2][kSliceLen];  // [warp][buffer][u, v][element]
   const int warp_in_block = threadIdx.x / 32;
-  In* su = stage[warp_in_block][0];
-  In* sv = args.v_is_u ? su : stage[warp_in_block][1];
   extern __shared__ float4 band_storage[];  // StagedOutput: kWarpsPerBlock bands of 16 x band_stride floats
   const int stride = args.band_stride;
   float* band = reinterpret_cast<float*>(band_storage) + warp_in_block * kTile * stride;
@@ -232,6 +270,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
   const std::int64_t n = args.n;
   const int group = args.group, slices = args.slices_per_side, width = args.vector_width;
   const float alpha = args.alpha;
+  const std::int64_t u_bs = args.u_batch_stride, u_s = args.u_stride, v_bs = args.v_batch_stride, v_s = args.v_stride;
+  const std::int64_t batch = args.batch, num_units = args.num_units;
+  const bool v_is_u = args.v_is_u;
   const BandLanes lanes = band_lanes(args.n / args.vector_width);
 
   // Operand fragments from the staged slices: u in the first column of A, v in the first row of B (fp32:
@@ -267,30 +308,65 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
 
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const std::int64_t num_warps = static_cast<std::int64_t>(gridDim.x) * blockDim.x / 32;
-  for (std::int64_t unit = warp; unit < args.num_units; unit += num_warps) {
-    std::int64_t first_item = unit;
-    int r0 = 0, c0 = 0;
+  // The batch items and the slices of u and v that a unit covers.
+  struct Span {
+    std::int64_t first_item;
+    int r0, c0, items, u_len, v_len;
+  };
+  auto span_of = [&](std::int64_t unit) {
+    Span sp{unit * group, 0, 0, 0, 0, 0};
     if (slices > 1) {  // n > kSliceLen: one item per unit, in slices x slices blocks
       const std::int64_t per_item = static_cast<std::int64_t>(slices) * slices;
-      first_item = unit / per_item;
-      const int s = static_cast<int>(unit - first_item * per_item);
-      r0 = s / slices * kSliceLen;
-      c0 = s % slices * kSliceLen;
-    } else {
-      first_item = unit * group;
+      sp.first_item = unit / per_item;
+      const int s = static_cast<int>(unit - sp.first_item * per_item);
+      sp.r0 = s / slices * kSliceLen;
+      sp.c0 = s % slices * kSliceLen;
     }
-    const int items = static_cast<int>(min(static_cast<std::int64_t>(group), args.batch - first_item));
-    const int u_len = static_cast<int>(min(static_cast<std::int64_t>(kSliceLen), n - r0));
-    const int v_len = static_cast<int>(min(static_cast<std::int64_t>(kSliceLen), n - c0));
+    sp.items = static_cast<int>(min(static_cast<std::int64_t>(group), batch - sp.first_item));
+    sp.u_len = static_cast<int>(min(static_cast<std::int64_t>(kSliceLen), n - sp.r0));
+    sp.v_len = static_cast<int>(min(static_cast<std::int64_t>(kSliceLen), n - sp.c0));
+    return sp;
+  };
+  auto u_slices = [&](const Span& sp) { return u + sp.first_item * u_bs + sp.r0 * u_s; };
+  auto v_slices = [&](const Span& sp) { return v + sp.first_item * v_bs + sp.c0 * v_s; };
+  // Starts the asynchronous copy of a unit's slices into buffer `buf` when they allow it, and commits
+  // one group either way.
+  auto prefetch = [&](const Span& sp, int buf) {
+    const bool async = can_stage_async(u_slices(sp), sp.items, sp.u_len, u_bs, u_s) &&
+                       (v_is_u || can_stage_async(v_slices(sp), sp.items, sp.v_len, v_bs, v_s));
+    if (async) {
+      stage_slices_async(stage[warp_in_block][buf][0], u_slices(sp), sp.items * sp.u_len);
+      if (!v_is_u) stage_slices_async(stage[warp_in_block][buf][1], v_slices(sp), sp.items * sp.v_len);
+    }
+    commit_async();
+    return async;
+  };
 
-    __syncwarp();  // every lane is done reading the previous unit's slices
-    stage_slices(su, u + first_item * args.u_batch_stride + r0 * args.u_stride, items, u_len, args.u_batch_stride,
-                 args.u_stride);
-    if (!args.v_is_u) {
-      stage_slices(sv, v + first_item * args.v_batch_stride + c0 * args.v_stride, items, v_len, args.v_batch_stride,
-                   args.v_stride);
+  int buf = 0;
+  bool staged_ahead = false;
+  if (Config::prefetch && warp < num_units) staged_ahead = prefetch(span_of(warp), 0);
+  for (std::int64_t unit = warp; unit < num_units; unit += num_warps) {
+    const Span sp = span_of(unit);
+    const std::int64_t first_item = sp.first_item;
+    const int r0 = sp.r0, c0 = sp.c0, items = sp.items, u_len = sp.u_len, v_len = sp.v_len;
+    In* su = stage[warp_in_block][buf][0];
+    In* sv = v_is_u ? su : stage[warp_in_block][buf][1];
+
+    __syncwarp();  // every lane is done reading the previous unit's slices (the other buffer)
+    bool next_staged_ahead = false;
+    if (Config::prefetch) {
+      if (unit + num_warps < num_units) next_staged_ahead = prefetch(span_of(unit + num_warps), buf ^ 1);
+      else commit_async();  // an empty group: the wait below always leaves exactly one group pending
     }
-    __syncwarp();
+    if (staged_ahead) {
+      wait_async_all_but_newest();
+    } else {
+      stage_slices(su, u_slices(sp), items, u_len, u_bs, u_s);
+      if (!v_is_u) stage_slices(sv, v_slices(sp), items, v_len, v_bs, v_s);
+    }
+    __syncwarp();  // the slices are visible to every lane
+    staged_ahead = next_staged_ahead;
+    buf ^= kBuffers - 1;
 
     for (int g = 0; g < items; ++g) {
       const In* ug = su + g * u_len;
@@ -354,7 +430,9 @@ template <class In, class Out, class Config = KernelConfig<>>
 void launch(Args args, int sm_count, cudaStream_t stream, OutputPath path = OutputPath::automatic) {
   const std::int64_t n = args.n;
   args.slices_per_side = static_cast<int>((n + kSliceLen - 1) / kSliceLen);
-  args.group = items_per_unit(n, sizeof(Out));
+  // A unit's slices must fit the staging buffers: at most kSliceLen elements of u (and of v).
+  const int max_group = n > kSliceLen ? 1 : static_cast<int>(kSliceLen / n);
+  args.group = args.group <= 0 ? items_per_unit(n, sizeof(Out)) : std::min(args.group, max_group);
   args.v_is_u = args.v_is_u && args.slices_per_side == 1;
   const std::int64_t groups = (args.batch + args.group - 1) / args.group;
   args.num_units = groups * args.slices_per_side * args.slices_per_side;
