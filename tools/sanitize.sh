@@ -15,6 +15,7 @@
 #   SANITIZE_SELECTION_<TOOL>   the selection of one tool, e.g. SANITIZE_SELECTION_RACECHECK
 #   SANITIZE_TIMEOUT            seconds per tool (default 1800); SANITIZE_TIMEOUT_<TOOL> for one tool
 #   SANITIZE_EXTRA_ARGS         more compute-sanitizer arguments (e.g. "--leak-check full")
+#   SANITIZE_COMMIT             the commit to name in the summary (default: git rev-parse HEAD)
 #   TORCH_WMMAE_HYPOTHESIS_EXAMPLES  examples of tests/test_fuzz_batched_outer.py (default here: 5)
 #   TORCH_WMMAE_STRESS_CALLS    calls of tests/test_stress.py when selected (default here: 100)
 # The package must be built with its CUDA kernels first (e.g. bash tools/gpu_session.sh build).
@@ -57,7 +58,7 @@ summary="$OUT_DIR/summary.md"
 {
   echo "# compute-sanitizer over the CUDA tests"
   echo
-  echo "GPU: $GPU; $("$SANITIZER" --version 2>/dev/null | grep -i version | head -1); $(date -u '+%Y-%m-%d %H:%M UTC'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "GPU: $GPU; $("$SANITIZER" --version 2>/dev/null | grep -i version | head -1); $(date -u '+%Y-%m-%d %H:%M UTC'); commit ${SANITIZE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo
   echo "| tool | tests run | errors reported | exit code | duration | selection |"
   echo "| --- | --- | --- | --- | --- | --- |"
