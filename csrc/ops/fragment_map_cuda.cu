@@ -3,6 +3,7 @@
 // frag.x[i] received. For accumulators the layout is also measured the other way round, through
 // store_matrix_sync; an entry where the two disagree is written as (-1, -1).
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -91,6 +92,9 @@ at::Tensor fragment_map_cuda(c10::string_view use, std::int64_t m, std::int64_t 
   TORCH_CHECK(device.has_value() && device->is_cuda(), "fragment_map: the CUDA kernel needs a CUDA device");
   // "cuda" without an index means the current device.
   const at::Device dev = device->has_index() ? *device : at::Device(at::kCUDA, c10::cuda::current_device());
+  // Checked here rather than by the device guard, whose CUDA error would be a less clear message.
+  TORCH_CHECK(dev.index() < c10::cuda::device_count(), "fragment_map: argument 'device' is ", dev,
+              ", but this machine has ", static_cast<int>(c10::cuda::device_count()), " CUDA device(s)");
   const c10::cuda::CUDAGuard guard(dev);
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(prop->major >= 8, "fragment_map: measuring needs compute capability 8.0 or newer, ", dev.str(),
