@@ -19,6 +19,30 @@ Method method_from_string(const std::string& name) {
   TORCH_CHECK(false, "corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '", name, "'");
 }
 
+namespace {
+
+// Sparse tensors would otherwise meet the dispatcher's "Could not run ... with arguments from the 'SparseCPU'
+// backend", which names no argument: these kernels, registered for the sparse dispatch keys, name it.
+void check_dense(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": argument '", name, "' must be a dense (strided) tensor, got layout ",
+              t.layout());
+}
+
+at::Tensor corrected_matmul_sparse(const at::Tensor& a, const at::Tensor& b, c10::string_view) {
+  check_dense("corrected_matmul", "a", a);
+  check_dense("corrected_matmul", "b", b);
+  TORCH_CHECK(false, "corrected_matmul: sparse dispatch with dense arguments");
+}
+
+at::Tensor batched_outer_sparse(const at::Tensor& u, const std::optional<at::Tensor>& v, double,
+                                std::optional<at::ScalarType>) {
+  check_dense("batched_outer", "u", u);
+  if (v.has_value()) check_dense("batched_outer", "v", *v);
+  TORCH_CHECK(false, "batched_outer: sparse dispatch with dense arguments");
+}
+
+}  // namespace
+
 TORCH_LIBRARY(wmmae, m) {
   m.def("corrected_matmul(Tensor a, Tensor b, str method=\"auto\") -> Tensor");
   m.impl("corrected_matmul", c10::DispatchKey::CPU, TORCH_FN(corrected_matmul_cpu));
@@ -30,6 +54,12 @@ TORCH_LIBRARY(wmmae, m) {
   m.def("fragment_map(str use, int m, int n, int k, str dtype, str? layout=None, int? arch=None, "
         "Device? device=None) -> Tensor");
   m.impl("fragment_map", c10::DispatchKey::CPU, TORCH_FN(fragment_map_cpu));
+
+  for (const auto key : {c10::DispatchKey::SparseCPU, c10::DispatchKey::SparseCUDA, c10::DispatchKey::SparseCsrCPU,
+                         c10::DispatchKey::SparseCsrCUDA}) {
+    m.impl("corrected_matmul", key, TORCH_FN(corrected_matmul_sparse));
+    m.impl("batched_outer", key, TORCH_FN(batched_outer_sparse));
+  }
 }
 
 }  // namespace wmmae_ops

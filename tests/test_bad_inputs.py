@@ -102,15 +102,14 @@ MATMUL_CASES = {
     "b_scalar": (lambda t: (t(3, 4), 2.0), RuntimeError, r"argument 'b'"),
     "a_none": (lambda t: (None, t(4, 2)), RuntimeError, r"argument 'a'"),
     "b_none": (lambda t: (t(3, 4), None), RuntimeError, r"argument 'b'"),
-    # The dispatcher rejects these before the op's own checks, with messages that name no argument.
+    # No tensor argument at all: the dispatcher rejects it before the op, with a message naming no argument.
     "both_none": (lambda t: (None, None), RuntimeError, r"argument 'a'"),
+    # Sparse layouts reach the op's kernels for the sparse dispatch keys (csrc/registration.cpp).
     "a_sparse": (lambda t: (t(3, 4).to_sparse(), t(4, 2)), RuntimeError, r"argument 'a'"),
     "b_sparse_csr": (lambda t: (t(3, 4), t(4, 2).to_sparse_csr()), RuntimeError, r"argument 'b'"),
 }
 MATMUL_XFAIL = {
     "both_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",
-    "a_sparse": "NotImplementedError \"Could not run 'wmmae::corrected_matmul' with arguments from the 'SparseCPU'/'SparseCUDA' backend\"",
-    "b_sparse_csr": "NotImplementedError \"Could not run 'wmmae::corrected_matmul' with arguments from the 'SparseCsr...' backend\"",
 }
 
 
@@ -178,15 +177,14 @@ OUTER_CASES = {
     "u_list": (lambda t: ([1.0, 2.0], None, 0.0, None), RuntimeError, r"argument 'u'"),
     "v_list": (lambda t: (t(2, dtype=F16), [1.0, 2.0], 0.0, None), RuntimeError, r"argument 'v'"),
     "v_scalar": (lambda t: (t(2, dtype=F16), 2.0, 0.0, None), RuntimeError, r"argument 'v'"),
-    # The dispatcher rejects these before the op's own checks, with messages that name no argument.
+    # No tensor argument at all: the dispatcher rejects it before the op, with a message naming no argument.
     "u_none": (lambda t: (None, None, 0.0, None), RuntimeError, r"argument 'u'"),
+    # Sparse layouts reach the op's kernels for the sparse dispatch keys (csrc/registration.cpp).
     "u_sparse": (lambda t: (t(3, 4).to_sparse(), None, 0.0, None), RuntimeError, r"argument 'u'"),
     "v_sparse": (lambda t: (t(3, 4), t(3, 4).to_sparse(), 0.0, None), RuntimeError, r"argument 'v'"),
 }
 OUTER_XFAIL = {
     "u_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",
-    "u_sparse": "NotImplementedError \"Could not run 'wmmae::batched_outer' with arguments from the 'SparseCPU'/'SparseCUDA' backend\"",
-    "v_sparse": "NotImplementedError \"Could not run 'wmmae::batched_outer' with arguments from the 'SparseCPU'/'SparseCUDA' backend\"",
 }
 
 
