@@ -31,10 +31,10 @@ DEFAULT_TIMEOUT=${SANITIZE_TIMEOUT:-1800}
 # multi-process or multi-GPU tests, no C++ / device-library builds, no torch.compile (Inductor compiles in
 # worker processes), no self-check subprocess.
 FAST='-m gpu -k "not large and not stress and not multi_gpu and not ddp and not cpp_api and not device_library and not self_check and not compile and not cuda_graph"'
-# racecheck and initcheck are one to two orders of magnitude slower: the op test files only, without the
-# parity sweeps (the same kernels on more shapes), opcheck, the long loops and the bad-input sweep (which
-# launches nothing but its small sanity calls).
-SLOW='tests/test_batched_outer.py tests/test_corrected_matmul.py tests/test_fragment_map.py tests/test_fuzz_batched_outer.py -m gpu -k "not large and not compile and not cuda_graph and not opcheck and not parity and not random_shapes and not beats_simt"'
+# racecheck and initcheck are one to two orders of magnitude slower (racecheck tracks every shared-memory
+# access of the GEMM): tests/test_kernel_paths.py calls every kernel instantiation and run-time path once on
+# small problems, plus the batched_outer, fragment_map and fuzz tests.
+SLOW='tests/test_kernel_paths.py tests/test_batched_outer.py tests/test_fragment_map.py tests/test_fuzz_batched_outer.py -m gpu -k "not large and not compile and not cuda_graph and not opcheck"'
 
 # initcheck reports reads of memory that the caching allocator handed out again as uninitialized (false
 # positives); without caching every tensor is its own cudaMalloc, which also lets memcheck see overruns

@@ -1,0 +1,102 @@
+"""One small call for every kernel instantiation and run-time path of the CUDA ops, each checked against a
+float64 reference: the suite that compute-sanitizer's slow tools (racecheck, initcheck) can run whole
+(tools/sanitize.sh). On the CPU the same calls check the reference kernels.
+
+corrected_matmul: method (fp16, tf32, auto) x layout of a and b (row- or column-major, which picks both the
+GEMM instantiation and the exponent pre-pass kernel) x split-K (allowed, or off in deterministic mode), on a
+problem of one output tile with K = 2100 (two accumulation chunks and a partial one), plus partial tiles
+with broadcast batch dimensions.
+batched_outer: input dtype x output dtype x n (16: direct tiles and several items per unit; 48 and 100:
+staged output bands, 100 with partial tiles; 300: several slices per vector) x aligned inputs (asynchronous
+staging) or inputs one element off (synchronous staging); fp32 inputs with values outside the exact bf16x3
+range (the CUDA-core path).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import torch_wmmae
+from conftest import DEVICES, random_tensor
+from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
+
+METHODS = ["fp16", "tf32", "auto"]
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool):
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _matrix(gen, rows: int, cols: int, column_major: bool, device: str) -> torch.Tensor:
+    """A (rows x cols) operand stored row-major, or column-major (the transpose of a contiguous tensor)."""
+    if column_major:
+        return random_tensor(gen, (cols, rows), "normal", device).t()
+    return random_tensor(gen, (rows, cols), "normal", device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+@pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
+def test_corrected_matmul_paths(device, gen, method, a_col, b_col, split_k):
+    a = _matrix(gen, 48, 2100, a_col, device)
+    b = _matrix(gen, 2100, 40, b_col, device)
+    assert a.is_contiguous() != a_col and b.is_contiguous() != b_col
+    with deterministic(not split_k):
+        out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert_matmul_within_dot_product_bound(out, a, b, f"{method} a_col={a_col} b_col={b_col}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_corrected_matmul_partial_tiles_broadcast_batch(device, gen, method):
+    a = random_tensor(gen, (3, 1, 130, 70), "normal", device)
+    b = random_tensor(gen, (2, 70, 129), "normal", device)
+    out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert out.shape == (3, 2, 130, 129)
+    assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
+
+
+IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+OUT_DTYPES = {"out_f32": torch.float32, "out_f16": torch.float16, "out_bf16": torch.bfloat16}
+
+
+def _vectors(gen, batch: int, n: int, dtype, offset: bool, device: str) -> torch.Tensor:
+    """(batch, n) vectors, contiguous; with `offset`, a view that starts one element into its storage, so
+    that no 16-byte copy can be aligned."""
+    base = random_tensor(gen, (batch * n + 1,), "normal", device, dtype)
+    return base[int(offset):][: batch * n].view(batch, n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_dtype", list(IN_DTYPES))
+@pytest.mark.parametrize("out_dtype", list(OUT_DTYPES))
+@pytest.mark.parametrize("n,batch", [(16, 37), (48, 9), (100, 5), (300, 2)], ids=lambda x: str(x))
+@pytest.mark.parametrize("offset", [False, True], ids=["aligned", "offset"])
+def test_batched_outer_paths(device, gen, in_dtype, out_dtype, n, batch, offset):
+    u = _vectors(gen, batch, n, IN_DTYPES[in_dtype], offset, device)
+    v = _vectors(gen, batch, n, IN_DTYPES[in_dtype], not offset, device)
+    out = torch_wmmae.batched_outer(u, v, alpha=0.75, out_dtype=OUT_DTYPES[out_dtype])
+    assert_outer_correct(out, u, v, 0.75, OUT_DTYPES[out_dtype])
+    same = torch_wmmae.batched_outer(u, alpha=0.75, out_dtype=OUT_DTYPES[out_dtype])  # v = u: staged once
+    assert_outer_correct(same, u, None, 0.75, OUT_DTYPES[out_dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [16, 100])
+def test_batched_outer_fp32_values_outside_the_split_range(device, gen, n):
+    u = random_tensor(gen, (6, n), "normal", device)
+    v = random_tensor(gen, (6, n), "normal", device)
+    u[0, 3], u[1, 5], u[2, 7] = float("inf"), float("nan"), 3.0e38  # bf16 rounding of 3e38 overflows
+    v[3, 2], v[4, 9] = 2.0**-130, 1.0e-38  # subnormal, and a normal value whose lower terms would be subnormal
+    out = torch_wmmae.batched_outer(u, v, alpha=-2.0)
+    assert_outer_correct(out, u, v, -2.0, None)
