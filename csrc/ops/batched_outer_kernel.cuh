@@ -5,7 +5,9 @@
 // unit's slices of u and v into its own shared memory with coalesced loads, so it waits for memory once
 // per unit instead of once per 16x16 tile. It then makes every output tile of the unit from there:
 // u in the first column of A and v in the first row of B (load_vector), alpha*I on diagonal tiles
-// (make_identity), one mma, and the accumulator written with 16-byte stores (foreach_row_quad).
+// (make_identity), one mma, and the accumulator written with 16-byte stores (foreach_row_quad). For
+// 32 < n <= 128 a 16-row band of tiles is collected in shared memory and leaves row by row
+// (use_staged_output), and the next unit's slices arrive by cp.async while this one is worked on.
 //
 // fp16/bf16 inputs: every product is exact in fp32 and alpha is added with one rounding.
 // fp32 inputs: each value is split into three bf16 terms (u = u0 + u1 + u2 exactly when 2^-109 <= |u| <
