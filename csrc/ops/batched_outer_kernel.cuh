@@ -32,18 +32,9 @@ constexpr int kTile = 16;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kSliceLen = 256;  // elements of u (and of v) a warp stages per unit
 
-// Compile-time choices of the kernel (the op uses the defaults; benchmarks may compare others).
-template <int MinBlocksPerSm = 4, bool StreamingStores = true, bool Prefetch = true>
-struct KernelConfig {
-  // 4 resident blocks (32 warps, 64 registers) per SM: measured faster on an H200 than 5 (48 registers,
-  // spills outside the tile loop) or 6, by 2-8%: each warp now waits for memory once per unit, not per tile.
-  static constexpr int min_blocks_per_sm = MinBlocksPerSm;
-  // Evict-first stores: the output is not read again by this kernel.
-  static constexpr bool streaming_stores = StreamingStores;
-  // Copy the next unit's slices (cp.async, into a second buffer) while this unit's tiles are made, so
-  // that a warp does not wait for memory between units.
-  static constexpr bool prefetch = Prefetch;
-};
+// 4 resident blocks (32 warps, 64 registers) per SM: measured faster on an H200 than 5 (48 registers,
+// spills outside the tile loop) or 6, by 2-8%: each warp waits for memory once per unit, not per tile.
+constexpr int kMinBlocksPerSm = 4;
 
 struct Args {
   const void* u;
@@ -53,7 +44,7 @@ struct Args {
   std::int64_t batch;
   std::int64_t num_units;
   int n;
-  int group;            // batch items per unit (0: chosen by launch)
+  int group;            // batch items per unit
   int slices_per_side;  // ceil(n / kSliceLen)
   int vector_width;     // elements per output store: 4, 2 or 1 (from n and the output's alignment)
   int band_stride;      // staged output: floats per band row in shared memory
@@ -71,53 +62,48 @@ inline int items_per_unit(std::int64_t n, std::int64_t out_elem_size) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min(by_output, by_input)));
 }
 
-// Stores of 1, 2 or 4 consecutive output elements (16-bit outputs: packed into 32/64-bit words).
-template <bool Streaming, class T>
-__device__ __forceinline__ void store_word(T* p, T v) {
-  if constexpr (Streaming) __stcs(p, v);
-  else *p = v;
-}
-
+// Stores of 1, 2 or 4 consecutive output elements (16-bit outputs: packed into 32/64-bit words), all
+// evict-first (__stcs): the kernel never reads its output, and they measured 1-9% faster than plain stores.
 __device__ __forceinline__ unsigned int bits16(float v, __half) { return __half_as_ushort(__float2half_rn(v)); }
 __device__ __forceinline__ unsigned int bits16(float v, __nv_bfloat16) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-template <bool Streaming, class Out>
+template <class Out>
 __device__ __forceinline__ void store_run(Out* p, const float* v, int count) {
   if constexpr (std::is_same<Out, float>::value) {
-    if (count == 4) store_word<Streaming>(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
-    else if (count == 2) store_word<Streaming>(reinterpret_cast<float2*>(p), make_float2(v[0], v[1]));
-    else store_word<Streaming>(p, v[0]);
+    if (count == 4) __stcs(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+    else if (count == 2) __stcs(reinterpret_cast<float2*>(p), make_float2(v[0], v[1]));
+    else __stcs(p, v[0]);
   } else {
     const unsigned int lo = bits16(v[0], Out()) | (count > 1 ? bits16(v[1], Out()) << 16 : 0u);
     if (count == 4) {
       const unsigned int hi = bits16(v[2], Out()) | bits16(v[3], Out()) << 16;
-      store_word<Streaming>(reinterpret_cast<uint2*>(p), make_uint2(lo, hi));
+      __stcs(reinterpret_cast<uint2*>(p), make_uint2(lo, hi));
     } else if (count == 2) {
-      store_word<Streaming>(reinterpret_cast<unsigned int*>(p), lo);
+      __stcs(reinterpret_cast<unsigned int*>(p), lo);
     } else {
-      store_word<Streaming>(reinterpret_cast<unsigned short*>(p), static_cast<unsigned short>(lo));
+      __stcs(reinterpret_cast<unsigned short*>(p), static_cast<unsigned short>(lo));
     }
   }
 }
 
 // Writes the rows x cols top-left part of an accumulator tile (row-major, leading dimension ld), four
 // consecutive elements per lane at a time; `width` is the widest store the output's alignment allows.
-template <bool Streaming, class Out, class Acc>
+template <class Out, class Acc>
 __device__ __forceinline__ void store_tile(Out* tile, std::int64_t ld, int rows, int cols, int width, const Acc& c) {
   wmmae::foreach_row_quad(c, [&](int i, int j, const wmmae::RowQuad<float>& quad) {
     if (i >= rows || j >= cols) return;
     Out* p = tile + i * ld + j;
     if (width == 4 && j + 4 <= cols) {
-      store_run<Streaming>(p, quad.v, 4);
+      store_run(p, quad.v, 4);
       return;
     }
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       if (width >= 2 && j + e + 2 <= cols) {
-        store_run<Streaming>(p + e, quad.v + e, 2);
+        store_run(p + e, quad.v + e, 2);
       } else {
-        if (j + e < cols) store_run<Streaming>(p + e, quad.v + e, 1);
-        if (j + e + 1 < cols) store_run<Streaming>(p + e + 1, quad.v + e + 1, 1);
+        if (j + e < cols) store_run(p + e, quad.v + e, 1);
+        if (j + e + 1 < cols) store_run(p + e + 1, quad.v + e + 1, 1);
       }
     }
   });
@@ -153,7 +139,7 @@ __device__ __forceinline__ BandLanes band_lanes(int words_per_row) {
 
 // Writes rows x n floats of a band (row stride `stride` in shared memory) to the contiguous output range
 // at `dst`, `width` elements per store.
-template <bool Streaming, class Out>
+template <class Out>
 __device__ __forceinline__ void write_band(Out* dst, const float* band, int rows, int n, int stride, int width,
                                            const BandLanes& lanes) {
   if (lanes.row >= lanes.rows_per_pass) return;
@@ -164,26 +150,37 @@ __device__ __forceinline__ void write_band(Out* dst, const float* band, int rows
       if (width == 4) {
         const float4 q = *reinterpret_cast<const float4*>(band + r * stride + col);
         const float v[4] = {q.x, q.y, q.z, q.w};
-        store_run<Streaming>(dst + static_cast<std::int64_t>(r) * n + col, v, 4);
+        store_run(dst + static_cast<std::int64_t>(r) * n + col, v, 4);
       } else {
-        store_run<Streaming>(dst + static_cast<std::int64_t>(r) * n + col, band + r * stride + col, width);
+        store_run(dst + static_cast<std::int64_t>(r) * n + col, band + r * stride + col, width);
       }
     }
   }
 }
 
-// Copies `items` slices of `len` elements (slice g starts at src + g * batch_stride, elements `stride`
-// apart) to dst[g * len + i], with all lanes of the warp. Contiguous slices go as 16-byte words where
-// the alignment allows.
+// `items` slices of `len` elements (slice g starts at src + g * batch_stride, elements `stride` apart) are
+// staged to dst[g * len + i]: one contiguous range when the elements are adjacent and the slices follow
+// each other.
+__device__ __forceinline__ bool slices_contiguous(int items, int len, std::int64_t batch_stride, std::int64_t stride) {
+  return stride == 1 && (items == 1 || batch_stride == len);
+}
+
+// A contiguous range that 16-byte words cover exactly, from a 16-byte aligned start.
+template <class In>
+__device__ __forceinline__ bool in_16_byte_words(const In* src, int count) {
+  return reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && count % (16 / sizeof(In)) == 0;
+}
+
+// Copies the slices with all lanes of the warp; contiguous slices go as 16-byte words where the alignment
+// allows.
 template <class In>
 __device__ __forceinline__ void stage_slices(In* dst, const In* src, int items, int len, std::int64_t batch_stride,
                                              std::int64_t stride) {
   const int lane = wmmae::lane_id();
   const int count = items * len;
-  const bool contiguous = stride == 1 && (items == 1 || batch_stride == len);
-  if (contiguous) {
-    constexpr int kPerWord = 16 / sizeof(In);
-    if (reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && count % kPerWord == 0) {
+  if (slices_contiguous(items, len, batch_stride, stride)) {
+    if (in_16_byte_words(src, count)) {
+      constexpr int kPerWord = 16 / sizeof(In);
       const uint4* s = reinterpret_cast<const uint4*>(src);
       uint4* d = reinterpret_cast<uint4*>(dst);
       for (int w = lane; w < count / kPerWord; w += 32) d[w] = __ldcs(s + w);
@@ -198,14 +195,12 @@ __device__ __forceinline__ void stage_slices(In* dst, const In* src, int items, 
   }
 }
 
-// Asynchronous staging (sm_80+): the same copy as stage_slices as cp.async 16-byte words, for contiguous,
-// aligned slices only.
+// Asynchronous staging (sm_80+): the 16-byte word copy of stage_slices as cp.async, where it applies.
 template <class In>
 __device__ __forceinline__ bool can_stage_async(const In* src, int items, int len, std::int64_t batch_stride,
                                                 std::int64_t stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const bool contiguous = stride == 1 && (items == 1 || batch_stride == len);
-  return contiguous && reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && (items * len * sizeof(In)) % 16 == 0;
+  return slices_contiguous(items, len, batch_stride, stride) && in_16_byte_words(src, items * len);
 #else
   return false;
 #endif
@@ -250,16 +245,16 @@ __device__ __forceinline__ __nv_bfloat16 bf16x3_term(float v, int which) {
   return which == 0 ? t0 : (which == 1 ? t1 : t2);
 }
 
-template <class In, class Out, class Config, bool StagedOutput>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm) batched_outer_kernel(Args args) {
+template <class In, class Out, bool StagedOutput>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_outer_kernel(Args args) {
   constexpr bool kSplitFp32 = std::is_same<In, float>::value;
   using FragT = typename std::conditional<std::is_same<In, __half>::value, __half, __nv_bfloat16>::type;
   using FragA = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, FragT, wmma::row_major>;
   using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, FragT, wmma::row_major>;
   using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
 
-  constexpr int kBuffers = Config::prefetch ? 2 : 1;
-  __shared__ __align__(16) In stage[kWarpsPerBlock][kBuffers][2][kSliceLen];  // [warp][buffer][u, v][element]
+  // Two buffers: the next unit's slices arrive (cp.async) while this unit's tiles are made.
+  __shared__ __align__(16) In stage[kWarpsPerBlock][2][2][kSliceLen];  // [warp][buffer][u, v][element]
   const int warp_in_block = threadIdx.x / 32;
   extern __shared__ float4 band_storage[];  // StagedOutput: kWarpsPerBlock bands of 16 x band_stride floats
   const int stride = args.band_stride;
@@ -346,7 +341,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
 
   int buf = 0;
   bool staged_ahead = false;
-  if (Config::prefetch && warp < num_units) staged_ahead = prefetch(span_of(warp), 0);
+  if (warp < num_units) staged_ahead = prefetch(span_of(warp), 0);
   for (std::int64_t unit = warp; unit < num_units; unit += num_warps) {
     const Span sp = span_of(unit);
     const std::int64_t first_item = sp.first_item;
@@ -356,10 +351,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
 
     __syncwarp();  // every lane is done reading the previous unit's slices (the other buffer)
     bool next_staged_ahead = false;
-    if (Config::prefetch) {
-      if (unit + num_warps < num_units) next_staged_ahead = prefetch(span_of(unit + num_warps), buf ^ 1);
-      else commit_async();  // an empty group: the wait below always leaves exactly one group pending
-    }
+    if (unit + num_warps < num_units) next_staged_ahead = prefetch(span_of(unit + num_warps), buf ^ 1);
+    else commit_async();  // an empty group: the wait below always leaves exactly one group pending
     if (staged_ahead) {
       wait_async_all_but_newest();
     } else {
@@ -368,7 +361,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
     }
     __syncwarp();  // the slices are visible to every lane
     staged_ahead = next_staged_ahead;
-    buf ^= kBuffers - 1;
+    buf ^= 1;
 
     for (int g = 0; g < items; ++g) {
       const In* ug = su + g * u_len;
@@ -401,21 +394,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, Config::min_blocks_per_sm
                   make_float4(quad.v[0], quad.v[1], quad.v[2], quad.v[3]);
             });
           } else {
-            store_tile<Config::streaming_stores>(out_block + ti * kTile * n + tj * kTile, n, rows, cols, width, c);
+            store_tile(out_block + ti * kTile * n + tj * kTile, n, rows, cols, width, c);
           }
         }
         if constexpr (StagedOutput) {
           __syncwarp();
-          write_band<Config::streaming_stores>(out_block + ti * kTile * n, band, rows, static_cast<int>(n), stride,
-                                               width, lanes);
+          write_band(out_block + ti * kTile * n, band, rows, static_cast<int>(n), stride, width, lanes);
           __syncwarp();  // the band is free for the next tile row
         }
       }
     }
   }
 }
-
-enum class OutputPath { automatic, direct, staged };
 
 // When to stage output bands (measured on an H200, fp16 -> fp32, same run): n = 64: 89% of copy against
 // 78% direct, 100: 74% against 30%, 128: 87% against 78%; no gain up to n = 32 (16: 72% against 86%),
@@ -428,32 +418,29 @@ inline bool use_staged_output(int n, std::size_t in_elem_size, std::size_t out_e
 }
 
 // Fills in the launch-dependent fields of `args` (grouping, store width) and launches on `stream`.
-template <class In, class Out, class Config = KernelConfig<>>
-void launch(Args args, int sm_count, cudaStream_t stream, OutputPath path = OutputPath::automatic) {
+template <class In, class Out>
+void launch(Args args, int sm_count, cudaStream_t stream) {
   const std::int64_t n = args.n;
   args.slices_per_side = static_cast<int>((n + kSliceLen - 1) / kSliceLen);
-  // A unit's slices must fit the staging buffers: at most kSliceLen elements of u (and of v).
-  const int max_group = n > kSliceLen ? 1 : static_cast<int>(kSliceLen / n);
-  args.group = args.group <= 0 ? items_per_unit(n, sizeof(Out)) : std::min(args.group, max_group);
+  args.group = items_per_unit(n, sizeof(Out));
   args.v_is_u = args.v_is_u && args.slices_per_side == 1;
   const std::int64_t groups = (args.batch + args.group - 1) / args.group;
   args.num_units = groups * args.slices_per_side * args.slices_per_side;
   const auto address = reinterpret_cast<std::uintptr_t>(args.out);
   args.vector_width = n % 4 == 0 && address % (4 * sizeof(Out)) == 0 ? 4 : (n % 2 == 0 && address % (2 * sizeof(Out)) == 0 ? 2 : 1);
-  const bool staged = n <= kMaxStagedN && (path == OutputPath::staged ||
-                                           (path == OutputPath::automatic && use_staged_output(args.n, sizeof(In), sizeof(Out))));
+  const bool staged = use_staged_output(args.n, sizeof(In), sizeof(Out));
   args.band_stride = staged ? band_stride(args.n) : 0;
   // A grid-stride loop over units: enough blocks to fill every SM several times over.
   const std::int64_t wanted = (args.num_units + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, static_cast<std::int64_t>(sm_count) * 16));
   if (staged) {
     const std::size_t smem = band_bytes(args.n);
-    auto kernel = batched_outer_kernel<In, Out, Config, true>;
+    auto kernel = batched_outer_kernel<In, Out, true>;
     // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(args);
   } else {
-    batched_outer_kernel<In, Out, Config, false><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args);
+    batched_outer_kernel<In, Out, false><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args);
   }
 }
 
