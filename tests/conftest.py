@@ -7,6 +7,7 @@ own data and a failure reproduces exactly.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import pytest
@@ -87,3 +88,23 @@ def random_tensor(gen: torch.Generator, shape, dist: str = "normal", device="cpu
 
 def random_signs(gen: torch.Generator, shape) -> torch.Tensor:
     return torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0).double()
+
+
+def random_tensor_in_layout(shape, reversed_order: bool, gen: torch.Generator, device="cpu") -> torch.Tensor:
+    """N(0, 1) float32 of `shape`, stored with its dimensions in reversed order when `reversed_order` (a
+    column-major matrix for 2-D shapes; non-contiguous)."""
+    if reversed_order and len(shape) >= 2:
+        t = torch.randn(list(reversed(shape)), generator=gen, dtype=torch.float64).float().to(device)
+        return t.permute(*reversed(range(len(shape))))
+    return torch.randn(shape, generator=gen, dtype=torch.float64).float().to(device)
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True):
+    """torch.use_deterministic_algorithms(enabled) for the block (corrected_matmul does not split K then)."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)

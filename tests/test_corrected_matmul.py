@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, U32, random_signs, random_tensor, rel_err, requires_cuda
+from conftest import DEVICES, U32, deterministic, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 
 METHODS = ["auto", "fp16", "tf32"]
 
@@ -270,14 +270,6 @@ def _st_matmul_case():
     return case()
 
 
-def _maybe_transposed(shape, transposed, gen, device):
-    """A tensor of `shape` stored with reversed dimension order when `transposed` (non-contiguous)."""
-    if transposed and len(shape) >= 2:
-        t = torch.randn(list(reversed(shape)), generator=gen, dtype=torch.float64).float().to(device)
-        return t.permute(*reversed(range(len(shape))))
-    return torch.randn(shape, generator=gen, dtype=torch.float64).float().to(device)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=_st_matmul_case())
@@ -287,8 +279,8 @@ def test_random_shapes_follow_torch_matmul(device, case):
     |out - ref| <= (K + 16) u (|a| |b|) (K sequential roundings plus the split's error per product)."""
     a_shape, b_shape, ta, tb, method, seed = case
     gen = torch.Generator().manual_seed(seed)
-    a = _maybe_transposed(a_shape, ta, gen, device)
-    b = _maybe_transposed(b_shape, tb, gen, device)
+    a = random_tensor_in_layout(a_shape, ta, gen, device)
+    b = random_tensor_in_layout(b_shape, tb, gen, device)
     try:
         expected = torch.matmul(a, b)
     except RuntimeError:
@@ -611,8 +603,8 @@ def test_vector_times_fully_permuted_batch(device, b_shape, method):
     dimension of size 1 is. The CUDA op once copied such b and then lost the 1-D rule of the output shape,
     and once read a size-1-inner view with the wrong k stride."""
     gen = torch.Generator().manual_seed(sum(b_shape))
-    a = _maybe_transposed([b_shape[-2]], False, gen, device)
-    b = _maybe_transposed(list(b_shape), True, gen, device)
+    a = random_tensor_in_layout([b_shape[-2]], False, gen, device)
+    b = random_tensor_in_layout(list(b_shape), True, gen, device)
     out = corrected_matmul(a, b, method=method)
     expected = torch.matmul(a.double(), b.double())
     assert out.shape == expected.shape
@@ -633,13 +625,9 @@ def test_split_k_shapes(method):
     fp32_err = rel_err(torch.matmul(a, b), ref)
     out = corrected_matmul(a, b, method=method)
     assert rel_err(out, ref) <= 4 * max(fp32_err, 2**-24)
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic():
         first = corrected_matmul(a, b, method=method)
         second = corrected_matmul(a, b, method=method)
-    finally:
-        torch.use_deterministic_algorithms(previous)
     assert torch.equal(first, second)
     assert rel_err(first, ref) <= 4 * max(fp32_err, 2**-24)
 

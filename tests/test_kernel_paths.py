@@ -13,33 +13,14 @@ range (the CUDA-core path).
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 import torch_wmmae
-from conftest import DEVICES, random_tensor
+from conftest import DEVICES, deterministic, random_tensor, random_tensor_in_layout
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
-
-
-@contextlib.contextmanager
-def deterministic(enabled: bool):
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(enabled)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous)
-
-
-def _matrix(gen, rows: int, cols: int, column_major: bool, device: str) -> torch.Tensor:
-    """A (rows x cols) operand stored row-major, or column-major (the transpose of a contiguous tensor)."""
-    if column_major:
-        return random_tensor(gen, (cols, rows), "normal", device).t()
-    return random_tensor(gen, (rows, cols), "normal", device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -48,8 +29,8 @@ def _matrix(gen, rows: int, cols: int, column_major: bool, device: str) -> torch
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
 def test_corrected_matmul_paths(device, gen, method, a_col, b_col, split_k):
-    a = _matrix(gen, 48, 2100, a_col, device)
-    b = _matrix(gen, 2100, 40, b_col, device)
+    a = random_tensor_in_layout((48, 2100), a_col, gen, device)
+    b = random_tensor_in_layout((2100, 40), b_col, gen, device)
     assert a.is_contiguous() != a_col and b.is_contiguous() != b_col
     with deterministic(not split_k):
         out = torch_wmmae.corrected_matmul(a, b, method=method)

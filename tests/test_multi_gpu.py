@@ -18,7 +18,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
-from conftest import random_tensor, rel_err
+from conftest import deterministic, random_tensor, rel_err
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -92,17 +92,13 @@ def test_both_devices_at_once_give_the_same_bits(gen):
     a = random_tensor(gen, (200, 3000), "normal")
     b = random_tensor(gen, (3000, 150), "normal")
     u = random_tensor(gen, (2000, 64), "normal", dtype=torch.float16)
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic():
         outs = []
         for index in (0, 1):
             dev = torch.device("cuda", index)
             ad, bd, ud = a.to(dev), b.to(dev), u.to(dev)
             outs.append((corrected_matmul(ad, bd), batched_outer(ud, alpha=1.5), batched_outer(ad[:, :100], out_dtype=torch.float16)))
         results = [[t.cpu() for t in o] for o in outs]
-    finally:
-        torch.use_deterministic_algorithms(previous)
     for x, y in zip(*results):
         assert torch.equal(x, y)
     assert_matmul_within_dot_product_bound(results[0][0], a, b)

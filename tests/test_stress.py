@@ -21,7 +21,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul
 
-from conftest import requires_cuda
+from conftest import deterministic, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct, env_int
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
@@ -164,9 +164,7 @@ def test_same_inputs_on_four_concurrent_streams_agree():
     streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic():
         results = []
         for _ in range(12):
             for s in streams:
@@ -176,8 +174,6 @@ def test_same_inputs_on_four_concurrent_streams_agree():
         for s in streams:
             torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
-    finally:
-        torch.use_deterministic_algorithms(previous)
     first = results[0]
     for i, r in enumerate(results[1:], 1):
         for j, (x, y) in enumerate(zip(first, r)):
