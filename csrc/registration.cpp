@@ -5,6 +5,7 @@
 #include "ops/batched_outer.hpp"
 #include "ops/corrected_matmul_scheme.hpp"
 #include "ops/fragment_map.hpp"
+#include "ops/matmul_plan.hpp"
 
 namespace wmmae_ops {
 
@@ -22,22 +23,16 @@ Method method_from_string(const std::string& name) {
 namespace {
 
 // Sparse tensors would otherwise meet the dispatcher's "Could not run ... with arguments from the 'SparseCPU'
-// backend", which names no argument: these kernels, registered for the sparse dispatch keys, name it.
-void check_dense(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.layout() == at::kStrided, op, ": argument '", name, "' must be a dense (strided) tensor, got layout ",
-              t.layout());
-}
-
+// backend", which names no argument. Registered for the sparse dispatch keys, these kernels run the ops'
+// own argument checks, whose layout check names the sparse argument.
 at::Tensor corrected_matmul_sparse(const at::Tensor& a, const at::Tensor& b, c10::string_view) {
-  check_dense("corrected_matmul", "a", a);
-  check_dense("corrected_matmul", "b", b);
+  plan_matmul(a, b, "corrected_matmul");
   TORCH_CHECK(false, "corrected_matmul: sparse dispatch with dense arguments");
 }
 
 at::Tensor batched_outer_sparse(const at::Tensor& u, const std::optional<at::Tensor>& v, double,
-                                std::optional<at::ScalarType>) {
-  check_dense("batched_outer", "u", u);
-  if (v.has_value()) check_dense("batched_outer", "v", *v);
+                                std::optional<at::ScalarType> out_dtype) {
+  check_batched_outer(u, v, out_dtype);
   TORCH_CHECK(false, "batched_outer: sparse dispatch with dense arguments");
 }
 

@@ -12,10 +12,12 @@ BatchedOuterArgs check_batched_outer(const at::Tensor& u, const std::optional<at
   TORCH_CHECK(u.dim() >= 1, "batched_outer: argument 'u' must have shape (..., n), got a 0-d tensor");
   TORCH_CHECK(is_supported_input(u.scalar_type()),
               "batched_outer: argument 'u' must be float16, bfloat16 or float32, got ", u.scalar_type());
-  TORCH_CHECK(u.layout() == at::kStrided, "batched_outer: argument 'u' must be a dense (strided) tensor");
+  TORCH_CHECK(u.layout() == at::kStrided, "batched_outer: argument 'u' must be a dense (strided) tensor, got layout ",
+              u.layout());
   BatchedOuterArgs args{v.has_value() ? *v : u, out_dtype.value_or(at::kFloat)};
   if (v.has_value()) {
-    TORCH_CHECK(v->layout() == at::kStrided, "batched_outer: argument 'v' must be a dense (strided) tensor");
+    TORCH_CHECK(v->layout() == at::kStrided, "batched_outer: argument 'v' must be a dense (strided) tensor, got layout ",
+                v->layout());
     TORCH_CHECK(v->device() == u.device(), "batched_outer: arguments 'u' and 'v' must be on the same device, got u on ",
                 u.device(), " and v on ", v->device());
     TORCH_CHECK(v->scalar_type() == u.scalar_type(), "batched_outer: argument 'v' must have the dtype of 'u' (",
