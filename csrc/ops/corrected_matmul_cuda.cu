@@ -548,6 +548,9 @@ void launch_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaS
   else launch_gemm_variant<M, false, false>(args, grid, stream);
 }
 
+// K elements per split when K is cut into `splits` parts: whole 32-wide k-stages.
+std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) / splits + 31) / 32 * 32; }
+
 // Split-K when the output has too few 128x128 tiles to fill the GPU (one block per SM): the number of
 // splits that maximizes the busy fraction of the last wave, discounted by the per-block prologue and
 // epilogue (about three 32-wide stages). Off in deterministic mode: the fp32 atomics that combine the
@@ -557,7 +560,7 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
   int best = 1;
   double best_score = 0.0;
   for (int s = 1; s <= 32; ++s) {
-    const std::int64_t k_per = ((k + s - 1) / s + 31) / 32 * 32;
+    const std::int64_t k_per = k_per_split(k, s);
     if (s > 1 && k_per < 256) break;
     const std::int64_t total = blocks * s;
     const std::int64_t waves = (total + sms - 1) / sms;
@@ -624,8 +627,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   args.k_splits = choose_k_splits(output_tiles(plan.m, plan.n) * std::min<std::int64_t>(plan.batch, 65535), plan.k,
                                   at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-  args.k_per_split = (plan.k + args.k_splits - 1) / args.k_splits;
-  args.k_per_split = (args.k_per_split + 31) / 32 * 32;
+  args.k_per_split = k_per_split(plan.k, args.k_splits);
   if (args.k_splits > 1) out.zero_();
   at::Tensor ranges;
   if (method != Method::tf32) {
