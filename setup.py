@@ -2,7 +2,7 @@
 
 Install against the torch that is already installed: pip install --no-build-isolation .
 CUDA sources are built whenever torch was built with CUDA and nvcc is found; a GPU is not needed.
-Architectures: TORCH_CUDA_ARCH_LIST when set, otherwise DEFAULT_CUDA_ARCHS.
+Architectures: TORCH_CUDA_ARCH_LIST when set, otherwise DEFAULT_CUDA_ARCHS; 9.0 is built as 9.0a.
 Set TORCH_WMMAE_CPU_ONLY=1 to skip the CUDA sources (faster builds while working on CPU code).
 """
 import glob
@@ -17,6 +17,13 @@ DEFAULT_CUDA_ARCHS = "8.0;9.0"
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")
+
+
+def cuda_arch_list(spec: str) -> list:
+    """The arch list to build, with 9.0 built as 9.0a: Hopper's own instructions (wgmma, which the fp16
+    corrected GEMM uses) exist only in sm_90a code, which runs on compute capability 9.0 (H100, H200)."""
+    archs = [a for a in spec.replace(" ", ";").split(";") if a]
+    return ["9.0a" + a[3:] if a.startswith("9.0") and not a.startswith("9.0a") else a for a in archs]
 
 
 def want_cuda() -> bool:
@@ -35,10 +42,14 @@ def extension():
     if not want_cuda():
         return cpp_extension.CppExtension("torch_wmmae._C", rel(cpp_sources), **common)
     # Without an arch list, cpp_extension asks the (possibly absent) GPU for its capability and fails.
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+    archs = cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS))
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     cuda_sources = sorted(glob.glob(os.path.join(CSRC, "ops", "*.cu")))
     # No --use_fast_math: the error-corrected split relies on IEEE rounding of every operation.
-    common["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA"]
+    nvcc_flags = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA"]
+    if any(a.startswith("9.0a") for a in archs):
+        nvcc_flags.append("-DWMMAE_HAS_SM90A")  # the host may launch the wgmma kernel on sm_90 devices
+    common["extra_compile_args"]["nvcc"] = nvcc_flags
     common["extra_compile_args"]["cxx"] = cxx_flags + ["-DWMMAE_WITH_CUDA"]
     return cpp_extension.CUDAExtension("torch_wmmae._C", rel(cpp_sources + cuda_sources), **common)
 

@@ -2,7 +2,7 @@
 float64 reference: the suite that compute-sanitizer's slow tools (racecheck, initcheck) can run whole
 (tools/sanitize.sh). On the CPU the same calls check the reference kernels.
 
-corrected_matmul: method (fp16, tf32, auto) x layout of a and b (row- or column-major, which picks both the
+corrected_matmul: GEMM kernel family (default, portable WMMA) x method (fp16, tf32, auto) x layout of a and b (row- or column-major, which picks both the
 GEMM instantiation and the exponent pre-pass kernel) x split-K (allowed, or off in deterministic mode), on a
 problem of one output tile with K = 2100 (two accumulation chunks and a partial one), plus partial tiles
 with broadcast batch dimensions.
@@ -23,12 +23,20 @@ from hardening import assert_matmul_within_dot_product_bound, assert_outer_corre
 METHODS = ["fp16", "tf32", "auto"]
 
 
+@pytest.fixture(params=["default_gemm", "portable_gemm"])
+def gemm_kernel(request, monkeypatch):
+    """The GEMM kernel family: the default (wgmma on H100/H200 builds with sm_90a, else WMMA) or, through
+    TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernel that other GPUs run. The CPU kernels ignore it."""
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if request.param == "portable_gemm" else "0")
+    return request.param
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
-def test_corrected_matmul_paths(device, gen, method, a_col, b_col, split_k):
+def test_corrected_matmul_paths(device, gen, method, a_col, b_col, split_k, gemm_kernel):
     a = random_tensor_in_layout((48, 2100), a_col, gen, device)
     b = random_tensor_in_layout((2100, 40), b_col, gen, device)
     assert a.is_contiguous() != a_col and b.is_contiguous() != b_col
@@ -39,7 +47,7 @@ def test_corrected_matmul_paths(device, gen, method, a_col, b_col, split_k):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", METHODS)
-def test_corrected_matmul_partial_tiles_broadcast_batch(device, gen, method):
+def test_corrected_matmul_partial_tiles_broadcast_batch(device, gen, method, gemm_kernel):
     a = random_tensor(gen, (3, 1, 130, 70), "normal", device)
     b = random_tensor(gen, (2, 70, 129), "normal", device)
     out = torch_wmmae.corrected_matmul(a, b, method=method)

@@ -21,8 +21,8 @@ if has build; then
 fi
 if has sass; then
   so=$(ls torch_wmmae/_C*.so)
-  { echo "HMMA instructions per kernel and local-memory use:";
-    cuobjdump -sass "$so" | awk '/Function :/{f=$3} /HMMA/{h[f]++} /LDL|STL/{l[f]++} END{for (k in h) print h[k], "HMMA", l[k]+0, "LDL/STL", k}'; } > "$OUT/sass.txt" 2>&1
+  { echo "HMMA / HGMMA (wgmma) instructions per kernel and local-memory use:";
+    cuobjdump -sass "$so" | awk '/Function :/{f=$3} /HMMA|HGMMA/{h[f]++} /LDL|STL/{l[f]++} END{for (k in h) print h[k], "HMMA/HGMMA", l[k]+0, "LDL/STL", k}'; } > "$OUT/sass.txt" 2>&1
   cut -c1-160 "$OUT/sass.txt" | head -20
 fi
 if has test; then

@@ -11,6 +11,8 @@
 //    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks (accumulation_chunk) whose
 //    results are added in the output tile (two-level summation, no extra registers). With few output
 //    tiles, K is also split across blocks (split-K, fp32 atomics; not in deterministic mode).
+//    On H100/H200 (sm_90a builds) the fp16 GEMM is the wgmma kernel of corrected_gemm_sm90.cuh instead:
+//    same tiles, stages, scaling and chunked summation, A split straight into wgmma register fragments.
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
 //    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
@@ -20,6 +22,8 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
@@ -264,6 +268,90 @@ __device__ __forceinline__ void load_stage(float* dst, const float* base, std::i
   }
 }
 
+// The output tile of this block: groups of kGroupM tile rows, column by column inside a group (L2 reuse of B).
+__device__ inline void tile_origin(std::int64_t m, std::int64_t n, std::int64_t& m0, std::int64_t& n0) {
+  const std::int64_t tiles_m = (m + kBlockM - 1) / kBlockM, tiles_n = (n + kBlockN - 1) / kBlockN;
+  const std::int64_t tile = blockIdx.x;
+  const std::int64_t first_m = tile / (kGroupM * tiles_n) * kGroupM;
+  const std::int64_t group_rows = min(static_cast<std::int64_t>(kGroupM), tiles_m - first_m);
+  m0 = (first_m + (tile % (kGroupM * tiles_n)) % group_rows) * kBlockM;
+  n0 = (tile % (kGroupM * tiles_n)) / group_rows * kBlockN;
+}
+
+// Per-line power-of-two scales of one output tile in shared memory: rows of A, columns of B.
+struct LineScales {
+  float* a_scale;  // [kBlockM]
+  float* b_scale;  // [kBlockN]
+  int* a_shift;    // [kBlockM], log2 of a_scale
+  int* b_shift;    // [kBlockN]
+  static constexpr std::size_t kBytes = (sizeof(float) + sizeof(int)) * (kBlockM + kBlockN);
+  __device__ explicit LineScales(void* smem)
+      : a_scale(static_cast<float*>(smem)), b_scale(a_scale + kBlockM),
+        a_shift(reinterpret_cast<int*>(b_scale + kBlockN)), b_shift(a_shift + kBlockM) {}
+};
+
+// Fills the line scales of the tile at (m0, n0) of batch entry z (fp16: from the exponent pre-pass; tf32:
+// ones) and returns whether every line of the tile is fp16-safe. A block-wide barrier.
+template <Method M>
+__device__ inline bool load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z, std::int64_t m0,
+                                        std::int64_t n0) {
+  bool lines_fp16_safe = true;
+  for (int r = threadIdx.x; r < kBlockM + kBlockN; r += blockDim.x) {
+    const bool is_a = r < kBlockM;
+    const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
+    const std::int64_t extent = is_a ? args.m : args.n;
+    int shift = 0;
+    if (args.method != Method::tf32 && line < extent) {
+      const ExponentRange range = load_range(is_a ? args.a_ranges : args.b_ranges, z * extent + line);
+      shift = M == Method::fp16 ? fp16_shift(range) : 0;
+      lines_fp16_safe &= fp16_safe(range);
+    }
+    (is_a ? ls.a_shift[r] : ls.b_shift[r - kBlockM]) = shift;
+    (is_a ? ls.a_scale[r] : ls.b_scale[r - kBlockM]) = ldexpf(1.0f, shift);
+  }
+  return __syncthreads_and(lines_fp16_safe);
+}
+
+// Adds one chunk's result v (hi*hi sum plus unscaled corrections, still scaled by 2^shift) to the output
+// element `out`. Split-K: an fp32 atomic of the unscaled value (scaling by a power of two is exact, so each
+// split's chunks can be unscaled separately). Otherwise the partial sum lives in the output: the first chunk
+// writes it, later chunks read-modify-write it, the last one undoes the scaling.
+template <Method M>
+__device__ __forceinline__ void add_chunk_to_output(float v, float* out, int shift, bool split_k, bool first_chunk,
+                                                    bool last_chunk) {
+  if (split_k) {
+    if (M == Method::fp16) v = ldexpf(v, -shift);
+    atomicAdd(out, v);
+    return;
+  }
+  if (!first_chunk) v = *out + v;
+  if (M == Method::fp16 && last_chunk) v = ldexpf(v, -shift);
+  *out = v;
+}
+
+// Issues the cp.async copies of the fp32 A and B tiles of k-stage [k0, k0 + kBlockK) (zero-filled past the
+// matrix and past k_end, the end of this block's split of K).
+template <bool kARowMajor, bool kBRowMajor, int kBlockK, int kLdA, int kLdB>
+__device__ __forceinline__ void issue_operand_stage(float* sa, float* sb, const float* a, const float* b,
+                                                    const GemmArgs& args, std::int64_t m0, std::int64_t n0,
+                                                    std::int64_t k0, std::int64_t k_end, bool a_vec4, bool b_vec4) {
+  if constexpr (kARowMajor) {
+    load_stage<kBlockM, kBlockK, kLdA>(sa, a, args.a_rs, args.m, k_end, m0, k0, a_vec4);
+  } else {
+    load_stage<kBlockK, kBlockM, kLdA>(sa, a, args.a_ks, k_end, args.m, k0, m0, a_vec4);
+  }
+  if constexpr (kBRowMajor) {
+    load_stage<kBlockK, kBlockN, kLdB>(sb, b, args.b_ks, k_end, args.n, k0, n0, b_vec4);
+  } else {
+    load_stage<kBlockN, kBlockK, kLdB>(sb, b, args.b_cs, args.n, k_end, n0, k0, b_vec4);
+  }
+}
+
+// Whether an operand's contiguous dimension allows 16-byte copies.
+__device__ __forceinline__ bool vec4_operand(const float* p, std::int64_t outer_stride) {
+  return outer_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 __device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) {
   return make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&b));
 }
@@ -326,24 +414,12 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   // hi/lo tiles: [buffer][hi, lo]
   auto split_a = [&](int buf, int part) { return split_base + (buf * 2 + part) * Cfg::kSplitA; };
   auto split_b = [&](int buf, int part) { return split_base + 4 * Cfg::kSplitA + (buf * 2 + part) * Cfg::kSplitB; };
-  float* a_scale = reinterpret_cast<float*>(split_base + 4 * (Cfg::kSplitA + Cfg::kSplitB));
-  float* b_scale = a_scale + kBlockM;
-  int* a_shift = reinterpret_cast<int*>(b_scale + kBlockN);
-  int* b_shift = a_shift + kBlockM;
+  const LineScales scales(split_base + 4 * (Cfg::kSplitA + Cfg::kSplitB));
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
-  const std::int64_t a_rs = args.a_rs, a_ks = args.a_ks, b_ks = args.b_ks, b_cs = args.b_cs;
   const Method method = args.method;
-  const RangeArrays a_ranges = args.a_ranges, b_ranges = args.b_ranges;
-
-  // Tile order: groups of kGroupM tile rows, column by column inside a group (L2 reuse of B).
-  const std::int64_t tiles_m = (m + kBlockM - 1) / kBlockM, tiles_n = (n + kBlockN - 1) / kBlockN;
-  const std::int64_t tile = blockIdx.x;
-  const std::int64_t first_m = tile / (kGroupM * tiles_n) * kGroupM;
-  const std::int64_t group_rows = min(static_cast<std::int64_t>(kGroupM), tiles_m - first_m);
-  const std::int64_t tm = first_m + (tile % (kGroupM * tiles_n)) % group_rows;
-  const std::int64_t tn = (tile % (kGroupM * tiles_n)) / group_rows;
-  const std::int64_t m0 = tm * kBlockM, n0 = tn * kBlockN;
+  std::int64_t m0, n0;
+  tile_origin(m, n, m0, n0);
   const int warp = threadIdx.x / 32;
   const int wm = warp / kWarpsN, wn = warp % kWarpsN;
 
@@ -356,40 +432,15 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
     // Line scales (fp16), and in auto mode whether this kernel owns the tile.
-    bool lines_fp16_safe = true;
-    for (int r = threadIdx.x; r < kBlockM + kBlockN; r += kThreads) {
-      const bool is_a = r < kBlockM;
-      const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
-      const std::int64_t extent = is_a ? m : n;
-      int shift = 0;
-      if (method != Method::tf32 && line < extent) {
-        const ExponentRange range = load_range(is_a ? a_ranges : b_ranges, z * extent + line);
-        shift = M == Method::fp16 ? fp16_shift(range) : 0;
-        lines_fp16_safe &= fp16_safe(range);
-      }
-      (is_a ? a_shift[r] : b_shift[r - kBlockM]) = shift;
-      (is_a ? a_scale[r] : b_scale[r - kBlockM]) = ldexpf(1.0f, shift);
-    }
-    const bool tile_fp16_safe = __syncthreads_and(lines_fp16_safe);
+    const bool tile_fp16_safe = load_line_scales<M>(args, scales, z, m0, n0);
     if (method == Method::automatic && tile_fp16_safe != (M == Method::fp16)) continue;
 
-    const bool a_vec4 = (kARowMajor ? a_rs : a_ks) % 4 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0;
-    const bool b_vec4 = (kBRowMajor ? b_ks : b_cs) % 4 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0;
+    const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
+    const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
     auto issue_stage = [&](int kt) {
-      float* sa = stage_a + (kt & (kStages - 1)) * Cfg::kStageA;
-      float* sb = stage_b + (kt & (kStages - 1)) * Cfg::kStageB;
-      const std::int64_t k0 = k_begin + static_cast<std::int64_t>(kt) * kBlockK;
-      // K extent: the end of this split, so that a stage never reads another split's elements.
-      if constexpr (kARowMajor) {
-        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_rs, m, k_end, m0, k0, a_vec4);
-      } else {
-        load_stage<Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA>(sa, a, a_ks, k_end, m, k0, m0, a_vec4);
-      }
-      if constexpr (kBRowMajor) {
-        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_ks, k_end, n, k0, n0, b_vec4);
-      } else {
-        load_stage<Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB>(sb, b, b_cs, n, k_end, n0, k0, b_vec4);
-      }
+      issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, Cfg::kLdStageA, Cfg::kLdStageB>(
+          stage_a + (kt & (kStages - 1)) * Cfg::kStageA, stage_b + (kt & (kStages - 1)) * Cfg::kStageB, a, b, args,
+          m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK, k_end, a_vec4, b_vec4);
     };
     auto split = [&](int kt) {
       const int buf = kt & 1;
@@ -397,9 +448,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
       const float* sb = stage_b + (kt & (kStages - 1)) * Cfg::kStageB;
       // A's scaled lines are its rows (outer when row-major); B's are its columns (inner when row-major).
       split_stage<M, Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA, Cfg::kLdSplitA, !kARowMajor>(
-          sa, split_a(buf, 0), split_a(buf, 1), a_scale);
+          sa, split_a(buf, 0), split_a(buf, 1), scales.a_scale);
       split_stage<M, Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB, Cfg::kLdSplitB, kBRowMajor>(
-          sb, split_b(buf, 0), split_b(buf, 1), b_scale);
+          sb, split_b(buf, 0), split_b(buf, 1), scales.b_scale);
     };
 
     Acc main_acc[kFragsM][kFragsN], corr_acc[kFragsM][kFragsN];
@@ -433,16 +484,8 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
               if (!bounds.contains(r, cc)) return;
               const float hh = hh_sum.x[xs.first];
               float v = isfinite(hh) ? hh + corr.x[xs.first] * T::kLoUnscale : hh;
-              float* out = c + (gr + r) * n + gc + cc;
-              if (split_k) {
-                // Scaling by a power of two is exact: each split's chunks can be unscaled separately.
-                if (M == Method::fp16) v = ldexpf(v, -(a_shift[r0 + r] + b_shift[c0 + cc]));
-                atomicAdd(out, v);
-                return;
-              }
-              if (!first_chunk) v = *out + v;
-              if (M == Method::fp16 && last_chunk) v = ldexpf(v, -(a_shift[r0 + r] + b_shift[c0 + cc]));
-              *out = v;
+              add_chunk_to_output<M>(v, c + (gr + r) * n + gc + cc, scales.a_shift[r0 + r] + scales.b_shift[c0 + cc],
+                                     split_k, first_chunk, last_chunk);
             });
           }
           if (!last_chunk) {
@@ -513,21 +556,51 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   }
 }
 
-template <Method M, bool kARowMajor, bool kBRowMajor>
-void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
-  using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
-  auto kernel = corrected_gemm_kernel<M, kARowMajor, kBRowMajor>;
-  // Above 48 KB, dynamic shared memory must be enabled per kernel and device.
+// Launches `Kernel` with `smem_bytes` of dynamic shared memory. Above 48 KB this must be allowed per kernel
+// and device, once.
+template <auto Kernel>
+void launch_with_smem(std::size_t smem_bytes, const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
   static std::atomic<std::uint64_t> configured_devices{0};
   const int device = c10::cuda::current_device();
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
   if (!(configured_devices.load() & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(Cfg::kSmemBytes)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
     configured_devices.fetch_or(bit);
   }
-  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(args);
+  Kernel<<<grid, kThreads, smem_bytes, stream>>>(args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace wmmae_ops
+
+#include "corrected_gemm_sm90.cuh"
+
+namespace wmmae_ops {
+namespace {
+
+// The wgmma kernel runs on compute capability 9.0 when the build includes sm_90a code (setup.py), unless
+// TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel (read on every call: tests and benchmarks compare both).
+bool use_sm90_kernel() {
+#ifdef WMMAE_HAS_SM90A
+  const char* portable = std::getenv("TORCH_WMMAE_PORTABLE_GEMM");
+  if (portable != nullptr && std::string(portable) == "1") return false;
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  return props->major == 9 && props->minor == 0;
+#else
+  return false;
+#endif
+}
+
+template <Method M, bool kARowMajor, bool kBRowMajor>
+void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
+  if (M == Method::fp16 && use_sm90_kernel()) {
+    using Cfg = sm90::Config<kARowMajor, kBRowMajor>;
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, args, grid, stream);
+  } else {
+    using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
+    launch_with_smem<corrected_gemm_kernel<M, kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, args, grid, stream);
+  }
 }
 
 // Number of kBlockM x kBlockN output tiles (blocks per batch index and K split).

@@ -1,0 +1,306 @@
+// The fp16 corrected GEMM on Hopper (sm_90a), included by corrected_matmul_cuda.cu (which defines GemmArgs,
+// the tile helpers and the cp.async stage loader). Same numerical scheme as the WMMA kernel, on wgmma:
+//
+// - 128x128 output tiles, two warpgroups of 64x128, 4-stage cp.async ring of fp32 tiles (k extent 32).
+// - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
+//   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
+//   so A's hi/lo never touch shared memory.
+// - B is split by all threads into hi/lo tiles in shared memory in the K-major core-matrix layout wgmma
+//   reads (no swizzle: 8x8 core matrices of 128 bytes), one stage ahead of the products.
+// - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma), added to the fp32 sum
+//   outside the tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction
+//   accumulator. All asynchronous, while the next stage of B is split.
+#pragma once
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WMMAE_SM90A_DEVICE 1
+#endif
+
+namespace wmmae_ops {
+namespace sm90 {
+
+constexpr int kBlockK = 32;
+constexpr int kStages = 4;
+static_assert(kThreads == 256 && kBlockM == 128 && kBlockN == 128, "two warpgroups of 64 x 128");
+
+// An fp32 stage tile, in the operand's orientation in global memory, rows padded so that the fragment reads
+// of A (float2 per lane, inner extent 32) and the transposing reads of the B split (inner extent 128) are
+// free of bank conflicts.
+template <bool kRowMajor, int kRows, int kCols>
+struct StageTile {
+  static constexpr int kOuter = kRowMajor ? kRows : kCols;
+  static constexpr int kInner = kRowMajor ? kCols : kRows;
+  static constexpr int kLd = kInner + (kInner == kBlockK ? 8 : 4);
+  static constexpr int kFloats = kOuter * kLd;
+};
+
+// B's hi and lo tiles as wgmma reads them: K-major, no swizzle. A core matrix is 8 columns n x 8 consecutive
+// k (16 bytes per column, 128 bytes); core matrices adjacent in n are kSbo apart, adjacent in k kLbo apart.
+constexpr int kCoreBytes = 128;
+constexpr int kSbo = kCoreBytes;
+constexpr int kLbo = kBlockN / 8 * kCoreBytes;
+constexpr int kSplitTileBytes = kBlockK / 8 * kLbo;
+
+__device__ __forceinline__ int split_offset(int n, int k) {
+  return k / 8 * kLbo + n / 8 * kSbo + n % 8 * 16 + k % 8 * 2;
+}
+
+// Shared-memory matrix descriptor: start address, leading (k) and stride (n) byte offsets, in 16-byte units;
+// swizzle mode 0 (none), base offset 0.
+__device__ __forceinline__ std::uint64_t smem_descriptor(const void* p) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<std::uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<std::uint64_t>(kLbo >> 4) << 16) |
+         (static_cast<std::uint64_t>(kSbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most `kPending` committed groups of this warpgroup's products are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Shared memory written by ordinary stores and read next by wgmma (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accesses of accumulator registers across the wgmma fences and waits.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// d (+)= a * b: a 64x16 fp16 fragment in registers, b 16x128 fp16 in shared memory (descriptor), d 64x128
+// fp32 in registers. accumulate == 0: d = a * b.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b,
+                                                 int accumulate) {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b));
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t half2_bits(__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); }
+
+template <bool kARowMajor, bool kBRowMajor>
+struct Config {
+  using A = StageTile<kARowMajor, kBlockM, kBlockK>;
+  using B = StageTile<kBRowMajor, kBlockK, kBlockN>;
+  // fp32 stages, then the double-buffered hi/lo tiles of B, then the line scales.
+  static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
+  static constexpr std::size_t kSmemBytes = kStageBytes + 2 * 2 * kSplitTileBytes + LineScales::kBytes;
+  static_assert(kStageBytes % 128 == 0, "the hi/lo tiles start 128-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
+};
+
+template <bool kARowMajor, bool kBRowMajor>
+__global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmArgs args) {
+#ifdef WMMAE_SM90A_DEVICE
+  using Cfg = Config<kARowMajor, kBRowMajor>;
+  using A = typename Cfg::A;
+  using B = typename Cfg::B;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* stage_a = reinterpret_cast<float*>(smem_raw);
+  float* stage_b = stage_a + kStages * A::kFloats;
+  unsigned char* split_base = smem_raw + Cfg::kStageBytes;  // [buffer][hi, lo]
+  auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
+  const LineScales scales(split_base + 4 * kSplitTileBytes);
+
+  const std::int64_t m = args.m, n = args.n, k = args.k;
+  std::int64_t m0, n0;
+  tile_origin(m, n, m0, n0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // wgmma fragment coordinates: warp w of warpgroup g owns rows 64 g + 16 w + (lane / 4) and 8 below; in
+  // A's fragment, columns (k) 2 (lane % 4) + {0, 1} and 8 to the right; in the accumulator, columns
+  // 8 i + 2 (lane % 4) + {0, 1} for i < 16.
+  const int row0 = warp / 4 * 64 + warp % 4 * 16 + lane / 4;
+  const int quad = lane % 4;
+  // B split: warp w converts the core matrices of columns 8 w .. 8 w + 7 and 64 + 8 w ..; lane = 8 kp + ln
+  // takes column ln of them and k 2 kp, 2 kp + 1 of every 8: each store instruction fills one core matrix.
+  const int split_ln = lane % 8, split_kp = lane / 8;
+
+  for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
+    std::int64_t a_off, b_off;
+    batch_offsets(args.batch, z, a_off, b_off);
+    const float* a = args.a + a_off;
+    const float* b = args.b + b_off;
+    const std::int64_t k_begin = blockIdx.y * args.k_per_split;
+    const std::int64_t k_end = min(k, k_begin + args.k_per_split);
+
+    const bool tile_fp16_safe = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
+    if (args.method == Method::automatic && !tile_fp16_safe) continue;  // the tf32 kernel's tile
+    const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
+    const float b_scale[2] = {scales.b_scale[8 * warp + split_ln], scales.b_scale[64 + 8 * warp + split_ln]};
+
+    const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
+    const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
+    auto issue_stage = [&](int kt) {
+      issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, A::kLd, B::kLd>(
+          stage_a + (kt & (kStages - 1)) * A::kFloats, stage_b + (kt & (kStages - 1)) * B::kFloats, a, b, args, m0,
+          n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK, k_end, a_vec4, b_vec4);
+    };
+    auto split_b = [&](int kt) {
+      const float* src = stage_b + (kt & (kStages - 1)) * B::kFloats;
+      unsigned char* hi = split_tile(kt & 1, 0);
+      unsigned char* lo = split_tile(kt & 1, 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 64 * h + 8 * warp + split_ln;
+#pragma unroll
+        for (int kc = 0; kc < kBlockK / 8; ++kc) {
+          const int kk = 8 * kc + 2 * split_kp;
+          float v0, v1;
+          if constexpr (kBRowMajor) {
+            v0 = src[kk * B::kLd + col];
+            v1 = src[(kk + 1) * B::kLd + col];
+          } else {
+            const float2 v = *reinterpret_cast<const float2*>(src + col * B::kLd + kk);
+            v0 = v.x;
+            v1 = v.y;
+          }
+          __half2 h2, l2;
+          wmmae::split_fp16x2(v0 * b_scale[h], v1 * b_scale[h], h2, l2);
+          const int off = split_offset(col, kk);
+          *reinterpret_cast<__half2*>(hi + off) = h2;
+          *reinterpret_cast<__half2*>(lo + off) = l2;
+        }
+      }
+      fence_proxy_async();  // wgmma reads these tiles after the next barrier
+    };
+    // A's fragment for k-step s of a stage, split into hi and scaled residual.
+    auto split_a = [&](const float* src, int s, std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = row0 + (i & 1) * 8, kk = 16 * s + 2 * quad + (i >> 1) * 8;
+        float v0, v1;
+        if constexpr (kARowMajor) {
+          const float2 v = *reinterpret_cast<const float2*>(src + r * A::kLd + kk);
+          v0 = v.x;
+          v1 = v.y;
+        } else {
+          v0 = src[kk * A::kLd + r];
+          v1 = src[(kk + 1) * A::kLd + r];
+        }
+        __half2 h2, l2;
+        wmmae::split_fp16x2(v0 * a_scale[i & 1], v1 * a_scale[i & 1], h2, l2);
+        hi[i] = half2_bits(h2);
+        lo[i] = half2_bits(l2);
+      }
+    };
+
+    float sum[64], corr[64], hh[64];
+#pragma unroll
+    for (int x = 0; x < 64; ++x) {
+      sum[x] = 0.0f;
+      corr[x] = 0.0f;
+    }
+    float* c = args.c + z * m * n;
+    const bool split_k = args.k_splits > 1;
+    // End of a chunk of K: see the WMMA kernel's flush.
+    auto flush = [&](bool first_chunk, bool last_chunk) {
+#pragma unroll
+      for (int x = 0; x < 64; ++x) {
+        const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+        if (m0 + r < m && n0 + col < n) {
+          const float v = isfinite(sum[x]) ? sum[x] + corr[x] * wmmae::kFp16ResidualUnscale : sum[x];
+          add_chunk_to_output<Method::fp16>(v, c + (m0 + r) * n + n0 + col, scales.a_shift[r] + scales.b_shift[col],
+                                            split_k, first_chunk, last_chunk);
+        }
+        sum[x] = 0.0f;
+        corr[x] = 0.0f;
+      }
+    };
+    // The hi*hi product of one k-step, added to the fp32 sum outside the tensor core (round to nearest).
+    auto add_hi_products = [&]() {
+      fence_registers(hh);
+#pragma unroll
+      for (int x = 0; x < 64; ++x) sum[x] += hh[x];
+      fence_registers(hh);
+    };
+    const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
+    const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) issue_stage(s);
+      cp_async_commit();
+    }
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    split_b(0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      // Stage kt + 1 has landed, B's hi/lo of stage kt are written, and every warpgroup's products of stage
+      // kt - 1 are complete (so their hi/lo buffer can take stage kt + 1).
+      cp_async_wait<kStages - 3>();
+      __syncthreads();
+      if (kt + kStages - 1 < k_tiles) issue_stage(kt + kStages - 1);
+      cp_async_commit();
+
+      std::uint32_t a_hi[2][4], a_lo[2][4];
+      const float* sa = stage_a + (kt & (kStages - 1)) * A::kFloats;
+      split_a(sa, 0, a_hi[0], a_lo[0]);
+      split_a(sa, 1, a_hi[1], a_lo[1]);
+      // k-step 0: hi*hi, then the four correction products (both k-steps) chained behind it; the hi*hi
+      // part is added to the sum as soon as it is done, while the corrections run.
+      const std::uint64_t b_hi = smem_descriptor(split_tile(kt & 1, 0));
+      const std::uint64_t b_lo = smem_descriptor(split_tile(kt & 1, 1));
+      constexpr int kStepBytes = 2 * kLbo;  // 16 k
+      fence_registers(hh);
+      fence_registers(corr);
+      wgmma_fence();
+      wgmma_m64n128k16(hh, a_hi[0], b_hi, 0);
+      wgmma_commit();
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        wgmma_m64n128k16(corr, a_lo[s], b_hi + (s * kStepBytes >> 4), 1);
+        wgmma_m64n128k16(corr, a_hi[s], b_lo + (s * kStepBytes >> 4), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      add_hi_products();
+      // k-step 1: hi*hi into the same registers.
+      wgmma_fence();
+      wgmma_m64n128k16(hh, a_hi[1], b_hi + (kStepBytes >> 4), 0);
+      wgmma_commit();
+      if (kt + 1 < k_tiles) split_b(kt + 1);  // overlaps the products
+      wgmma_wait<0>();
+      add_hi_products();
+      fence_registers(corr);
+      if ((kt + 1) % chunk_stages == 0 || kt + 1 == k_tiles) flush(kt < chunk_stages, kt + 1 == k_tiles);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next batch index rewrites the scales and the stages
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace wmmae_ops
