@@ -651,3 +651,21 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
     assert extra <= 0.03 * a.numel() * a.element_size(), (extra, a.numel() * 4)
     ref = torch.matmul(a[:1, :64].double(), b[:1].double())
     assert rel_err(out[:1, :64], ref) < 1e-6
+
+
+def test_launch_grid_rule():
+    """torch.ops.wmmae._corrected_matmul_grid (what the CUDA op launches, recorded by the benchmarks): one
+    128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below
+    256 k per split, and never in deterministic mode."""
+    grid = torch.ops.wmmae._corrected_matmul_grid
+    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1]          # 1024 tiles >= 4 x 132: no split
+    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1]             # partial tiles count; K too short to split
+    tiles, splits = grid(128, 128, 4096, 1, 132)
+    assert tiles == 1 and 1 < splits <= 32
+    k_per_split = (4096 + splits - 1) // splits
+    assert (k_per_split + 31) // 32 * 32 >= 256                # every split keeps >= 256 k (whole 32-k stages)
+    assert grid(128, 128, 4096, 1000, 132)[1] == 1              # batch entries fill the GPU
+    with deterministic():
+        assert grid(128, 128, 4096, 1, 132) == [1, 1]
+    with pytest.raises(RuntimeError, match="sm_count"):
+        grid(128, 128, 4096, 1, 0)

@@ -16,6 +16,7 @@
 #   SANITIZE_TIMEOUT            seconds per tool (default 1800); SANITIZE_TIMEOUT_<TOOL> for one tool
 #   SANITIZE_EXTRA_ARGS         more compute-sanitizer arguments (e.g. "--leak-check full")
 #   SANITIZE_COMMIT             the commit to name in the summary (default: git rev-parse HEAD)
+#   SANITIZE_ALLOCATOR          uncached (default) or caching (see below)
 #   TORCH_WMMAE_HYPOTHESIS_EXAMPLES  examples of tests/test_fuzz_batched_outer.py (default here: 5)
 #   TORCH_WMMAE_STRESS_CALLS    calls of tests/test_stress.py when selected (default here: 100)
 # The package must be built with its CUDA kernels first (e.g. bash tools/gpu_session.sh build).
@@ -40,7 +41,11 @@ SLOW='tests/test_kernel_paths.py tests/test_batched_outer.py tests/test_fragment
 # positives); without caching every tensor is its own cudaMalloc, which also lets memcheck see overruns
 # into neighbouring blocks. Used for every tool. CUDA-graph capture tests are left out: without the
 # caching allocator an allocation during capture is a cudaMalloc, which capture forbids.
-export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+# SANITIZE_ALLOCATOR=caching keeps PyTorch's caching allocator instead, for the torch.compile and CUDA-graph
+# tests (memcheck then sees overruns only past the end of a cached block).
+if [ "${SANITIZE_ALLOCATOR:-uncached}" != caching ]; then
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+fi
 export TORCH_WMMAE_HYPOTHESIS_EXAMPLES=${TORCH_WMMAE_HYPOTHESIS_EXAMPLES:-5}
 export TORCH_WMMAE_STRESS_CALLS=${TORCH_WMMAE_STRESS_CALLS:-100}
 export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1

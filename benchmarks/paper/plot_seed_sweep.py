@@ -2,12 +2,10 @@
 torch.matmul fp32 and TF32, plotted against the number of thread blocks the GEMM launches. Reads the sweep
 rows of benchmarks/results/corrected_matmul.json (no GPU needed) and writes benchmarks/results/paper_seed_sweep.png.
 
-The JSON does not record the split-K factor, so it is recomputed here with the rule of
-csrc/ops/corrected_matmul_cuda.cu (choose_k_splits, unchanged since commit baea72e, on which the JSON was
-measured; not in deterministic mode) and the SM count of the JSON header:
-    blocks = ceil(M/128) * ceil(N/128) * k_splits    (128x128 output tiles, one block per SM)
-The "auto" method launches the fp16 and the tf32 kernel with this grid each; for these U(-1, 1) inputs every
-tile is fp16-safe and the tf32 kernel's blocks return at once.
+Each row records the launch grid the op chose (`tiles` 128x128 output tiles, `k_splits`, `blocks`; from
+torch.ops.wmmae._corrected_matmul_grid at measurement time). The "auto" method launches the fp16 and the
+tf32 kernel with this grid each; for these U(-1, 1) inputs every tile is fp16-safe and the tf32 kernel's
+blocks return at once.
     python benchmarks/paper/plot_seed_sweep.py [--json PATH] [--out PNG]
 """
 from __future__ import annotations
@@ -20,36 +18,15 @@ import statistics
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "..", "results")
 SWEEP = dict(m=128, k=4096, batch=1, method="auto")  # what marks a sweep row (the JSON has no sweep field)
-TILE = 128
-
-
-def choose_k_splits(blocks: int, k: int, sms: int) -> int:
-    """Port of choose_k_splits (csrc/ops/corrected_matmul_cuda.cu): the split count that maximizes the busy
-    fraction of the last wave, discounted by about three 32-wide stages of per-block overhead."""
-    if blocks >= 4 * sms:
-        return 1
-    best, best_score = 1, 0.0
-    for s in range(1, 33):
-        k_per = ((k + s - 1) // s + 31) // 32 * 32
-        if s > 1 and k_per < 256:
-            break
-        total = blocks * s
-        waves = (total + sms - 1) // sms
-        score = total / (waves * sms) * k_per / (k_per + 96)
-        if score > best_score * 1.02:
-            best, best_score = s, score
-    return best
 
 
 def sweep_rows(payload: dict) -> list[dict]:
-    """The sweep rows, sorted by N, each with tiles, k_splits and blocks added."""
-    sms = payload["sms"]
-    rows = []
-    for r in payload["rows"]:
-        if all(r.get(f) == v for f, v in SWEEP.items()):
-            tiles = -(-r["m"] // TILE) * -(-r["n"] // TILE)
-            splits = choose_k_splits(tiles, r["k"], sms)
-            rows.append(dict(r, tiles=tiles, k_splits=splits, blocks=tiles * splits))
+    """The sweep rows, sorted by N."""
+    rows = [r for r in payload["rows"] if all(r.get(f) == v for f, v in SWEEP.items())]
+    missing = [r["n"] for r in rows if "blocks" not in r]
+    if missing:
+        raise SystemExit(f"{len(missing)} sweep rows have no launch grid (tiles, k_splits, blocks): re-run "
+                         "benchmarks/bench_corrected_matmul.py, which records it")
     return sorted(rows, key=lambda r: r["n"])
 
 

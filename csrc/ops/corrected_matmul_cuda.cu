@@ -34,7 +34,7 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kBlockM = 128, kBlockN = 128;
+constexpr int kBlockM = kGemmTile, kBlockN = kGemmTile;
 constexpr int kWarpsM = 2, kWarpsN = 4, kThreads = kWarpsM * kWarpsN * 32;
 constexpr int kWarpTileM = kBlockM / kWarpsM, kWarpTileN = kBlockN / kWarpsN;  // 64 x 32
 constexpr int kFragsM = kWarpTileM / 16, kFragsN = kWarpTileN / 16;              // 4 x 2
@@ -603,48 +603,17 @@ void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t st
   }
 }
 
-// Number of kBlockM x kBlockN output tiles (blocks per batch index and K split).
-std::int64_t output_tiles(std::int64_t m, std::int64_t n) {
-  return ((m + kBlockM - 1) / kBlockM) * ((n + kBlockN - 1) / kBlockN);
-}
-
 template <Method M>
 void launch_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
-  const std::int64_t tiles = output_tiles(args.m, args.n);
+  const std::int64_t tiles = ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(args.k_splits),
-                  static_cast<unsigned>(std::min<std::int64_t>(args.num_batches, 65535)));
+                  static_cast<unsigned>(std::min(args.num_batches, kMaxGridZ)));
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, grid, stream);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, grid, stream);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, grid, stream);
   else launch_gemm_variant<M, false, false>(args, grid, stream);
-}
-
-// K elements per split when K is cut into `splits` parts: whole 32-wide k-stages.
-std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) / splits + 31) / 32 * 32; }
-
-// Split-K when the output has too few 128x128 tiles to fill the GPU (one block per SM): the number of
-// splits that maximizes the busy fraction of the last wave, discounted by the per-block prologue and
-// epilogue (about three 32-wide stages). Off in deterministic mode: the fp32 atomics that combine the
-// splits make the last bits depend on their order.
-int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
-  if (at::globalContext().deterministicAlgorithms() || blocks >= 4 * static_cast<std::int64_t>(sms)) return 1;
-  int best = 1;
-  double best_score = 0.0;
-  for (int s = 1; s <= 32; ++s) {
-    const std::int64_t k_per = k_per_split(k, s);
-    if (s > 1 && k_per < 256) break;
-    const std::int64_t total = blocks * s;
-    const std::int64_t waves = (total + sms - 1) / sms;
-    const double score = static_cast<double>(total) / static_cast<double>(waves * sms) *
-                         static_cast<double>(k_per) / static_cast<double>(k_per + 96);
-    if (score > best_score * 1.02) {  // more splits only for a clear gain
-      best = s;
-      best_score = score;
-    }
-  }
-  return best;
 }
 
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one
@@ -698,9 +667,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.method = method;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  args.k_splits = choose_k_splits(output_tiles(plan.m, plan.n) * std::min<std::int64_t>(plan.batch, 65535), plan.k,
-                                  at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-  args.k_per_split = k_per_split(plan.k, args.k_splits);
+  const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch,
+                                       at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  args.k_splits = grid.k_splits;
+  args.k_per_split = grid.k_per_split;
   if (args.k_splits > 1) out.zero_();
   at::Tensor ranges;
   if (method != Method::tf32) {

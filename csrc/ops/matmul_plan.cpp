@@ -1,6 +1,9 @@
 #include "matmul_plan.hpp"
 
+#include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
+
+#include <algorithm>
 
 namespace wmmae_ops {
 
@@ -67,6 +70,45 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
   plan.batch = batch;
   plan.batch_strides = bs;
   return plan;
+}
+
+namespace {
+
+// K elements per split when K is cut into `splits` parts: whole 32-wide k-stages.
+std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) / splits + 31) / 32 * 32; }
+
+// The number of splits that maximizes the busy fraction of the last wave of `blocks` blocks, discounted
+// by the per-block prologue and epilogue (about three 32-wide stages). Off in deterministic mode: the
+// fp32 atomics that combine the splits make the last bits depend on their order.
+int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
+  if (at::globalContext().deterministicAlgorithms() || blocks >= 4 * static_cast<std::int64_t>(sms)) return 1;
+  int best = 1;
+  double best_score = 0.0;
+  for (int s = 1; s <= 32; ++s) {
+    const std::int64_t k_per = k_per_split(k, s);
+    if (s > 1 && k_per < 256) break;
+    const std::int64_t total = blocks * s;
+    const std::int64_t waves = (total + sms - 1) / sms;
+    const double score = static_cast<double>(total) / static_cast<double>(waves * sms) *
+                         static_cast<double>(k_per) / static_cast<double>(k_per + 96);
+    if (score > best_score * 1.02) {  // more splits only for a clear gain
+      best = s;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, int sm_count) {
+  TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "plan_gemm_grid: sizes must be non-negative");
+  TORCH_CHECK(sm_count > 0, "plan_gemm_grid: argument 'sm_count' must be positive, got ", sm_count);
+  GemmGrid grid{};
+  grid.tiles = ((m + kGemmTile - 1) / kGemmTile) * ((n + kGemmTile - 1) / kGemmTile);
+  grid.k_splits = choose_k_splits(grid.tiles * std::min(batch, kMaxGridZ), k, sm_count);
+  grid.k_per_split = k_per_split(k, grid.k_splits);
+  return grid;
 }
 
 }  // namespace wmmae_ops

@@ -46,4 +46,19 @@ WMMAE_HD inline void batch_offsets(const BatchStrides& bs, std::int64_t z, std::
 // Validates (float32, same device, matching inner dimensions, no 0-d tensors) and plans the product.
 MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_name);
 
+// The CUDA GEMM's grid: kGemmTile x kGemmTile output tiles per batch entry (the grid's z extent takes at most
+// kMaxGridZ batch entries, the rest in a loop), each K split `k_splits` times into whole 32-wide k-stages.
+constexpr int kGemmTile = 128;
+constexpr std::int64_t kMaxGridZ = 65535;
+
+struct GemmGrid {
+  std::int64_t tiles;        // output tiles of one batch entry
+  int k_splits;              // blocks per tile along K (1: no split-K)
+  std::int64_t k_per_split;  // K elements per split, a multiple of 32
+};
+
+// Split-K when the output has too few tiles to fill `sm_count` SMs (one block per SM); off in deterministic
+// mode. Host code: the CUDA op launches with it, and the benchmarks record it (op _corrected_matmul_grid).
+GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, int sm_count);
+
 }  // namespace wmmae_ops
