@@ -248,21 +248,12 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) issue_stage(s);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
+    stage_ring_prologue<kStages>(k_tiles, issue_stage);
     split_b(0);
     for (int kt = 0; kt < k_tiles; ++kt) {
-      // Stage kt + 1 has landed, B's hi/lo of stage kt are written, and every warpgroup's products of stage
-      // kt - 1 are complete (so their hi/lo buffer can take stage kt + 1).
-      cp_async_wait<kStages - 3>();
-      __syncthreads();
-      if (kt + kStages - 1 < k_tiles) issue_stage(kt + kStages - 1);
-      cp_async_commit();
+      // Also: B's hi/lo of stage kt are written, and every warpgroup's products of stage kt - 1 are
+      // complete (so their hi/lo buffer can take stage kt + 1).
+      stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
 
       std::uint32_t a_hi[2][4], a_lo[2][4];
       const float* sa = stage_a + (kt & (kStages - 1)) * A::kFloats;

@@ -189,6 +189,28 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// The ring of kStages fp32 stages that both GEMM kernels fill with cp.async: stage s goes to slot
+// s % kStages. Prologue: stages 0 .. kStages - 2 in flight, then a block barrier once stage 0 has landed.
+template <int kStages, class IssueStage>
+__device__ __forceinline__ void stage_ring_prologue(int k_tiles, IssueStage&& issue_stage) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) issue_stage(s);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 2>();
+  __syncthreads();
+}
+// Top of iteration kt: stage kt + 1 has landed (own copies; the barrier makes everyone's visible), everyone
+// is done with iteration kt - 1 and so with the slot that stage kt + kStages - 1 now takes.
+template <int kStages, class IssueStage>
+__device__ __forceinline__ void stage_ring_advance(int kt, int k_tiles, IssueStage&& issue_stage) {
+  cp_async_wait<kStages - 3>();
+  __syncthreads();
+  if (kt + kStages - 1 < k_tiles) issue_stage(kt + kStages - 1);
+  cp_async_commit();
+}
+
 // One operand tile in shared memory, in the operand's orientation in global memory: kOuter lines of kInner
 // contiguous elements, each line padded (bank conflicts; 16-byte and 32-byte alignment of fragments).
 template <bool kRowMajor, int kRows, int kCols>
@@ -499,22 +521,11 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
 
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);  // < 2^31 (checked on the host)
-    // Prologue: stages 0 .. kStages-2 in flight, stage 0 split.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) issue_stage(s);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
+    stage_ring_prologue<kStages>(k_tiles, issue_stage);
     split(0);
     for (int kt = 0; kt < k_tiles; ++kt) {
-      // Stage kt+1 has landed (own copies; the barrier makes everyone's visible), hi/lo of stage kt is
-      // complete, and everyone is done with the buffers that are about to be overwritten.
-      cp_async_wait<kStages - 3>();
-      __syncthreads();
-      if (kt + kStages - 1 < k_tiles) issue_stage(kt + kStages - 1);
-      cp_async_commit();
+      // Also: hi/lo of stage kt is complete, and its other buffer is free for stage kt + 1.
+      stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
       if (kt + 1 < k_tiles) split(kt + 1);
 
       const int buf = kt & 1;
