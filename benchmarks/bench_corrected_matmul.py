@@ -77,7 +77,9 @@ def main() -> None:
     rows += bench_shape(512, 512, 512, 64, l2, reps=20)
     print(rows[-3:], flush=True)
     step = args.sweep_step or (1024 if args.quick else 64)
-    for n in range(64, 47360 + 1, step):
+    from tqdm import tqdm
+
+    for n in tqdm(range(64, 47360 + 1, step), desc="M=128, K=4096 sweep"):
         rows += bench_shape(128, n, 4096, 1, l2, reps=10, methods=("auto",), err_rows=128)
     print(f"sweep done: {len(rows)} rows", flush=True)
     payload = header() | {"rows": rows}
