@@ -48,7 +48,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     torch.backends.cuda.matmul.allow_tf32 = False
     # The launch grid of the CUDA GEMM for this problem (tiles x K splits), as the op chose it.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles, k_splits = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
+    tiles, k_splits, blocks = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
     out = []
     for method in methods:
         ms = timed(lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method))
@@ -56,7 +56,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
         out.append(dict(m=m, n=n, k=k, batch=batch, method=method, ms=ms, tflops=flop / ms / 1e9,
                         fp32_tflops=flop / fp32_ms / 1e9, tf32_tflops=flop / tf32_ms / 1e9,
                         speedup_vs_fp32=fp32_ms / ms, rel_err=err, fp32_rel_err=fp32_err,
-                        tiles=tiles, k_splits=k_splits, blocks=tiles * k_splits * min(batch, 65535)))
+                        tiles=tiles, k_splits=k_splits, blocks=blocks))
     del a_sets, b_sets
     torch.cuda.empty_cache()
     return out

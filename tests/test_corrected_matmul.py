@@ -658,14 +658,15 @@ def test_launch_grid_rule():
     128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below
     256 k per split, and never in deterministic mode."""
     grid = torch.ops.wmmae._corrected_matmul_grid
-    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1]          # 1024 tiles >= 4 x 132: no split
-    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1]             # partial tiles count; K too short to split
-    tiles, splits = grid(128, 128, 4096, 1, 132)
-    assert tiles == 1 and 1 < splits <= 32
+    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1, 1024]    # 1024 tiles >= 4 x 132: no split
+    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1, 6]          # partial tiles count; K too short to split
+    tiles, splits, blocks = grid(128, 128, 4096, 1, 132)
+    assert tiles == 1 and 1 < splits <= 32 and blocks == splits
     k_per_split = (4096 + splits - 1) // splits
     assert (k_per_split + 31) // 32 * 32 >= 256                # every split keeps >= 256 k (whole 32-k stages)
-    assert grid(128, 128, 4096, 1000, 132)[1] == 1              # batch entries fill the GPU
+    assert grid(128, 128, 4096, 1000, 132)[1:] == [1, 1000]     # batch entries fill the GPU
+    assert grid(128, 128, 64, 70000, 132)[2] == 65535           # the grid takes 65535 batch entries at once
     with deterministic():
-        assert grid(128, 128, 4096, 1, 132) == [1, 1]
+        assert grid(128, 128, 4096, 1, 132) == [1, 1, 1]
     with pytest.raises(RuntimeError, match="sm_count"):
         grid(128, 128, 4096, 1, 0)

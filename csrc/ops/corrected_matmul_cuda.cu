@@ -615,12 +615,11 @@ void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t st
 }
 
 template <Method M>
-void launch_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
-  const std::int64_t tiles = ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
-  TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
+void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream) {
+  TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(args.k_splits),
-                  static_cast<unsigned>(std::min(args.num_batches, kMaxGridZ)));
+  const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
+                  static_cast<unsigned>(plan.batch_slots));
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, grid, stream);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, grid, stream);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, grid, stream);
@@ -701,8 +700,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     launch_line_ranges(a_lines, stream);
     launch_line_ranges(b_lines, stream);
   }
-  if (method != Method::tf32) launch_gemm<Method::fp16>(args, a_row, b_row, stream);
-  if (method != Method::fp16) launch_gemm<Method::tf32>(args, a_row, b_row, stream);
+  if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream);
+  if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream);
   return out.view(plan.out_shape);
 }
 

@@ -101,12 +101,14 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
 
 }  // namespace
 
-GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, int sm_count) {
+GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count) {
   TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "plan_gemm_grid: sizes must be non-negative");
-  TORCH_CHECK(sm_count > 0, "plan_gemm_grid: argument 'sm_count' must be positive, got ", sm_count);
+  TORCH_CHECK(sm_count > 0 && sm_count < (1 << 20), "plan_gemm_grid: argument 'sm_count' must be a positive SM "
+              "count, got ", sm_count);
   GemmGrid grid{};
   grid.tiles = ((m + kGemmTile - 1) / kGemmTile) * ((n + kGemmTile - 1) / kGemmTile);
-  grid.k_splits = choose_k_splits(grid.tiles * std::min(batch, kMaxGridZ), k, sm_count);
+  grid.batch_slots = std::min(batch, kMaxGridZ);
+  grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
   grid.k_per_split = k_per_split(k, grid.k_splits);
   return grid;
 }

@@ -52,13 +52,15 @@ constexpr int kGemmTile = 128;
 constexpr std::int64_t kMaxGridZ = 65535;
 
 struct GemmGrid {
-  std::int64_t tiles;        // output tiles of one batch entry
-  int k_splits;              // blocks per tile along K (1: no split-K)
+  std::int64_t tiles;        // output tiles of one batch entry (grid x)
+  int k_splits;              // blocks per tile along K, 1: no split-K (grid y)
+  std::int64_t batch_slots;  // batch entries launched at once, min(batch, kMaxGridZ) (grid z)
   std::int64_t k_per_split;  // K elements per split, a multiple of 32
+  std::int64_t blocks() const { return tiles * k_splits * batch_slots; }
 };
 
 // Split-K when the output has too few tiles to fill `sm_count` SMs (one block per SM); off in deterministic
 // mode. Host code: the CUDA op launches with it, and the benchmarks record it (op _corrected_matmul_grid).
-GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, int sm_count);
+GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count);
 
 }  // namespace wmmae_ops
