@@ -230,9 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       for (int x = 0; x < 64; ++x) {
         const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
         if (m0 + r < m && n0 + col < n) {
-          const float v = isfinite(sum[x]) ? sum[x] + corr[x] * wmmae::kFp16ResidualUnscale : sum[x];
-          add_chunk_to_output<Method::fp16>(v, c + (m0 + r) * n + n0 + col, scales.a_shift[r] + scales.b_shift[col],
-                                            split_k, first_chunk, last_chunk);
+          add_chunk_to_output<Method::fp16>(sum[x], corr[x], c + (m0 + r) * n + n0 + col,
+                                            scales.a_shift[r] + scales.b_shift[col], split_k, first_chunk, last_chunk);
         }
         sum[x] = 0.0f;
         corr[x] = 0.0f;

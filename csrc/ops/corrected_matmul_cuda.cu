@@ -334,13 +334,15 @@ __device__ inline bool load_line_scales(const GemmArgs& args, const LineScales& 
   return __syncthreads_and(lines_fp16_safe);
 }
 
-// Adds one chunk's result v (hi*hi sum plus unscaled corrections, still scaled by 2^shift) to the output
-// element `out`. Split-K: an fp32 atomic of the unscaled value (scaling by a power of two is exact, so each
-// split's chunks can be unscaled separately). Otherwise the partial sum lives in the output: the first chunk
-// writes it, later chunks read-modify-write it, the last one undoes the scaling.
+// Adds one chunk's result to the output element `out`: the hi*hi sum plus the unscaled corrections, or the
+// hi*hi sum alone when it is not finite (a non-finite input leaves NaN in the residuals), still scaled by
+// 2^shift. Split-K: an fp32 atomic of the unscaled value (scaling by a power of two is exact, so each split's
+// chunks can be unscaled separately). Otherwise the partial sum lives in the output: the first chunk writes
+// it, later chunks read-modify-write it, the last one undoes the scaling.
 template <Method M>
-__device__ __forceinline__ void add_chunk_to_output(float v, float* out, int shift, bool split_k, bool first_chunk,
-                                                    bool last_chunk) {
+__device__ __forceinline__ void add_chunk_to_output(float hh_sum, float corr, float* out, int shift, bool split_k,
+                                                    bool first_chunk, bool last_chunk) {
+  float v = isfinite(hh_sum) ? hh_sum + corr * MethodTraits<M>::kLoUnscale : hh_sum;
   if (split_k) {
     if (M == Method::fp16) v = ldexpf(v, -shift);
     atomicAdd(out, v);
@@ -504,10 +506,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
             const Acc& hh_sum = main_acc[i][j];
             wmmae::foreach_ij(hh_sum, [&](auto xs, int r, int cc) {
               if (!bounds.contains(r, cc)) return;
-              const float hh = hh_sum.x[xs.first];
-              float v = isfinite(hh) ? hh + corr.x[xs.first] * T::kLoUnscale : hh;
-              add_chunk_to_output<M>(v, c + (gr + r) * n + gc + cc, scales.a_shift[r0 + r] + scales.b_shift[c0 + cc],
-                                     split_k, first_chunk, last_chunk);
+              add_chunk_to_output<M>(hh_sum.x[xs.first], corr.x[xs.first], c + (gr + r) * n + gc + cc,
+                                     scales.a_shift[r0 + r] + scales.b_shift[c0 + cc], split_k, first_chunk,
+                                     last_chunk);
             });
           }
           if (!last_chunk) {
