@@ -17,39 +17,43 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import DEVICES, deterministic, random_tensor, random_tensor_in_layout
+from conftest import DEVICES, deterministic, random_tensor, random_tensor_in_layout, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
 
 
-@pytest.fixture(params=["default_gemm", "portable_gemm"])
-def gemm_kernel(request, monkeypatch):
-    """The GEMM kernel family: the default (wgmma on H100/H200 builds with sm_90a, else WMMA) or, through
-    TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernel that other GPUs run. The CPU kernels ignore it."""
-    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if request.param == "portable_gemm" else "0")
-    return request.param
+# The CPU kernels, and on CUDA both GEMM kernel families: the default (wgmma on H100/H200 builds with sm_90a,
+# else WMMA) and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run.
+GEMM_TARGETS = ["cpu", *[pytest.param(name, marks=[requires_cuda, pytest.mark.gpu])
+                         for name in ("cuda", "cuda_portable_gemm")]]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.fixture(params=GEMM_TARGETS)
+def gemm_device(request, monkeypatch) -> str:
+    """The device of a corrected_matmul call, with the GEMM kernel family selected."""
+    portable = request.param == "cuda_portable_gemm"
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if portable else "0")
+    return "cuda" if portable else request.param
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
-def test_corrected_matmul_paths(device, gen, method, a_col, b_col, split_k, gemm_kernel):
-    a = random_tensor_in_layout((48, 2100), a_col, gen, device)
-    b = random_tensor_in_layout((2100, 40), b_col, gen, device)
+def test_corrected_matmul_paths(gemm_device, gen, method, a_col, b_col, split_k):
+    a = random_tensor_in_layout((48, 2100), a_col, gen, gemm_device)
+    b = random_tensor_in_layout((2100, 40), b_col, gen, gemm_device)
     assert a.is_contiguous() != a_col and b.is_contiguous() != b_col
     with deterministic(not split_k):
         out = torch_wmmae.corrected_matmul(a, b, method=method)
     assert_matmul_within_dot_product_bound(out, a, b, f"{method} a_col={a_col} b_col={b_col}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", METHODS)
-def test_corrected_matmul_partial_tiles_broadcast_batch(device, gen, method, gemm_kernel):
-    a = random_tensor(gen, (3, 1, 130, 70), "normal", device)
-    b = random_tensor(gen, (2, 70, 129), "normal", device)
+def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method):
+    a = random_tensor(gen, (3, 1, 130, 70), "normal", gemm_device)
+    b = random_tensor(gen, (2, 70, 129), "normal", gemm_device)
     out = torch_wmmae.corrected_matmul(a, b, method=method)
     assert out.shape == (3, 2, 130, 129)
     assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
