@@ -9,7 +9,8 @@
 //   reads (no swizzle: 8x8 core matrices of 128 bytes), one stage ahead of the products.
 // - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma), added to the fp32 sum
 //   outside the tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction
-//   accumulator. All asynchronous, while the next stage of B is split.
+//   accumulator. All asynchronous, while the next stage of B is split; the last correction products of a
+//   stage still run while the next stage starts (B's hi/lo tiles are triple-buffered for that).
 #pragma once
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -40,6 +41,7 @@ constexpr int kCoreBytes = 128;
 constexpr int kSbo = kCoreBytes;
 constexpr int kLbo = kBlockN / 8 * kCoreBytes;
 constexpr int kSplitTileBytes = kBlockK / 8 * kLbo;
+constexpr int kSplitBuffers = 3;  // B's hi/lo tiles: written one stage ahead, read until a stage later
 
 __device__ __forceinline__ int split_offset(int n, int k) {
   return k / 8 * kLbo + n / 8 * kSbo + n % 8 * 16 + k % 8 * 2;
@@ -114,9 +116,9 @@ template <bool kARowMajor, bool kBRowMajor>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK>;
   using B = StageTile<kBRowMajor, kBlockK, kBlockN>;
-  // fp32 stages, then the double-buffered hi/lo tiles of B, then the line scales.
+  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales.
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
-  static constexpr std::size_t kSmemBytes = kStageBytes + 2 * 2 * kSplitTileBytes + LineScales::kBytes;
+  static constexpr std::size_t kSmemBytes = kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
   static_assert(kStageBytes % 128 == 0, "the hi/lo tiles start 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
 };
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
   float* stage_b = stage_a + kStages * A::kFloats;
   unsigned char* split_base = smem_raw + Cfg::kStageBytes;  // [buffer][hi, lo]
   auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
-  const LineScales scales(split_base + 4 * kSplitTileBytes);
+  const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   std::int64_t m0, n0;
@@ -169,8 +171,8 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     };
     auto split_b = [&](int kt) {
       const float* src = stage_b + (kt & (kStages - 1)) * B::kFloats;
-      unsigned char* hi = split_tile(kt & 1, 0);
-      unsigned char* lo = split_tile(kt & 1, 1);
+      unsigned char* hi = split_tile(kt % kSplitBuffers, 0);
+      unsigned char* lo = split_tile(kt % kSplitBuffers, 1);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = 64 * h + 8 * warp + split_ln;
@@ -216,12 +218,11 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       }
     };
 
+    // corr is written only by wgmma (a chunk's first correction product overwrites it): a register that an
+    // in-flight wgmma group defines must not be written by ordinary code, or ptxas waits for the group.
     float sum[64], corr[64], hh[64];
 #pragma unroll
-    for (int x = 0; x < 64; ++x) {
-      sum[x] = 0.0f;
-      corr[x] = 0.0f;
-    }
+    for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
     float* c = args.c + z * m * n;
     const bool split_k = args.k_splits > 1;
     // End of a chunk of K: see the WMMA kernel's flush.
@@ -234,7 +235,6 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
                                             scales.a_shift[r] + scales.b_shift[col], split_k, first_chunk, last_chunk);
         }
         sum[x] = 0.0f;
-        corr[x] = 0.0f;
       }
     };
     // The hi*hi product of one k-step, added to the fp32 sum outside the tensor core (round to nearest).
@@ -249,42 +249,47 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
 
     stage_ring_prologue<kStages>(k_tiles, issue_stage);
     split_b(0);
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      // Also: B's hi/lo of stage kt are written, and every warpgroup's products of stage kt - 1 are
-      // complete (so their hi/lo buffer can take stage kt + 1).
-      stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
-
-      std::uint32_t a_hi[2][4], a_lo[2][4];
-      const float* sa = stage_a + (kt & (kStages - 1)) * A::kFloats;
-      split_a(sa, 0, a_hi[0], a_lo[0]);
-      split_a(sa, 1, a_hi[1], a_lo[1]);
-      // k-step 0: hi*hi, then the four correction products (both k-steps) chained behind it; the hi*hi
-      // part is added to the sum as soon as it is done, while the corrections run.
-      const std::uint64_t b_hi = smem_descriptor(split_tile(kt & 1, 0));
-      const std::uint64_t b_lo = smem_descriptor(split_tile(kt & 1, 1));
-      constexpr int kStepBytes = 2 * kLbo;  // 16 k
-      fence_registers(hh);
-      fence_registers(corr);
-      wgmma_fence();
-      wgmma_m64n128k16(hh, a_hi[0], b_hi, 0);
-      wgmma_commit();
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        wgmma_m64n128k16(corr, a_lo[s], b_hi + (s * kStepBytes >> 4), 1);
-        wgmma_m64n128k16(corr, a_hi[s], b_lo + (s * kStepBytes >> 4), 1);
+    // Software pipeline over wgmma groups (in order per warpgroup): G1 = hi*hi of k-step 0, G2 = its two
+    // corrections, G3 = hi*hi of k-step 1, G4 = its corrections. Each wait leaves only the last correction
+    // group running, so the tensor cores have it to work on while the hi*hi part is added, A is split and
+    // the block meets at the next barrier. G4 of stage kt still reads B's hi/lo buffer kt % 3 and A's
+    // k-step 1 fragment during stage kt + 1: B is triple-buffered, and that fragment is rewritten only
+    // after the wait that retires G4.
+    // The flush sits outside the stage loop: inside it, ptxas would wait for every group at each stage.
+    std::uint32_t a_hi[2][4], a_lo[2][4];
+    for (int chunk_begin = 0; chunk_begin < k_tiles; chunk_begin += chunk_stages) {
+      const int chunk_end = min(k_tiles, chunk_begin + chunk_stages);
+      for (int kt = chunk_begin; kt < chunk_end; ++kt) {
+        // Also: B's hi/lo of stage kt are written, and every warpgroup's products of stage kt - 2 are
+        // complete (so their hi/lo buffer can take stage kt + 1).
+        stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
+        const float* sa = stage_a + (kt & (kStages - 1)) * A::kFloats;
+        const std::uint64_t b_hi = smem_descriptor(split_tile(kt % kSplitBuffers, 0));
+        const std::uint64_t b_lo = smem_descriptor(split_tile(kt % kSplitBuffers, 1));
+        constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per 16 k
+        split_a(sa, 0, a_hi[0], a_lo[0]);
+        wgmma_fence();
+        wgmma_m64n128k16(hh, a_hi[0], b_hi, 0);
+        wgmma_commit();
+        wgmma_m64n128k16(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
+        wgmma_m64n128k16(corr, a_hi[0], b_lo, 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
+        add_hi_products();
+        split_a(sa, 1, a_hi[1], a_lo[1]);
+        wgmma_fence();
+        wgmma_m64n128k16(hh, a_hi[1], b_hi + kStepDesc, 0);
+        wgmma_commit();
+        wgmma_m64n128k16(corr, a_lo[1], b_hi + kStepDesc, 1);
+        wgmma_m64n128k16(corr, a_hi[1], b_lo + kStepDesc, 1);
+        wgmma_commit();
+        if (kt + 1 < k_tiles) split_b(kt + 1);  // overlaps the products
+        wgmma_wait<1>();  // G3 is done
+        add_hi_products();
       }
-      wgmma_commit();
-      wgmma_wait<1>();
-      add_hi_products();
-      // k-step 1: hi*hi into the same registers.
-      wgmma_fence();
-      wgmma_m64n128k16(hh, a_hi[1], b_hi + (kStepBytes >> 4), 0);
-      wgmma_commit();
-      if (kt + 1 < k_tiles) split_b(kt + 1);  // overlaps the products
       wgmma_wait<0>();
-      add_hi_products();
       fence_registers(corr);
-      if ((kt + 1) % chunk_stages == 0 || kt + 1 == k_tiles) flush(kt < chunk_stages, kt + 1 == k_tiles);
+      flush(chunk_begin == 0, chunk_end == k_tiles);
     }
     cp_async_wait<0>();
     __syncthreads();  // the next batch index rewrites the scales and the stages
