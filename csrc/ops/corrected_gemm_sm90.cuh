@@ -173,23 +173,31 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       const float* src = stage_b + (kt & (kStages - 1)) * B::kFloats;
       unsigned char* hi = split_tile(kt % kSplitBuffers, 0);
       unsigned char* lo = split_tile(kt % kSplitBuffers, 1);
+      // All loads first: the compiler cannot tell the stage from the hi/lo tiles, so a load written after
+      // a store would wait for it, and each load's latency would be paid one after the other.
+      constexpr int kPairs = kBlockK / 8;
+      float2 v[2][kPairs];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = 64 * h + 8 * warp + split_ln;
 #pragma unroll
-        for (int kc = 0; kc < kBlockK / 8; ++kc) {
+        for (int kc = 0; kc < kPairs; ++kc) {
           const int kk = 8 * kc + 2 * split_kp;
-          float v0, v1;
           if constexpr (kBRowMajor) {
-            v0 = src[kk * B::kLd + col];
-            v1 = src[(kk + 1) * B::kLd + col];
+            v[h][kc] = make_float2(src[kk * B::kLd + col], src[(kk + 1) * B::kLd + col]);
           } else {
-            const float2 v = *reinterpret_cast<const float2*>(src + col * B::kLd + kk);
-            v0 = v.x;
-            v1 = v.y;
+            v[h][kc] = *reinterpret_cast<const float2*>(src + col * B::kLd + kk);
           }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 64 * h + 8 * warp + split_ln;
+#pragma unroll
+        for (int kc = 0; kc < kPairs; ++kc) {
+          const int kk = 8 * kc + 2 * split_kp;
           __half2 h2, l2;
-          wmmae::split_fp16x2(v0 * b_scale[h], v1 * b_scale[h], h2, l2);
+          wmmae::split_fp16x2(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
           const int off = split_offset(col, kk);
           *reinterpret_cast<__half2*>(hi + off) = h2;
           *reinterpret_cast<__half2*>(lo + off) = l2;
@@ -198,21 +206,24 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       fence_proxy_async();  // wgmma reads these tiles after the next barrier
     };
     // A's fragment for k-step s of a stage, split into hi and scaled residual.
-    auto split_a = [&](const float* src, int s, std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
+    // A's fragment for k-step s of a stage: loaded (fp32), then split into hi and scaled residual.
+    using AFragment = float2[4];
+    auto load_a = [&](const float* src, int s, AFragment& v) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = row0 + (i & 1) * 8, kk = 16 * s + 2 * quad + (i >> 1) * 8;
-        float v0, v1;
         if constexpr (kARowMajor) {
-          const float2 v = *reinterpret_cast<const float2*>(src + r * A::kLd + kk);
-          v0 = v.x;
-          v1 = v.y;
+          v[i] = *reinterpret_cast<const float2*>(src + r * A::kLd + kk);
         } else {
-          v0 = src[kk * A::kLd + r];
-          v1 = src[(kk + 1) * A::kLd + r];
+          v[i] = make_float2(src[kk * A::kLd + r], src[(kk + 1) * A::kLd + r]);
         }
+      }
+    };
+    auto split_a = [&](const AFragment& v, std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
         __half2 h2, l2;
-        wmmae::split_fp16x2(v0 * a_scale[i & 1], v1 * a_scale[i & 1], h2, l2);
+        wmmae::split_fp16x2(v[i].x * a_scale[i & 1], v[i].y * a_scale[i & 1], h2, l2);
         hi[i] = half2_bits(h2);
         lo[i] = half2_bits(l2);
       }
@@ -257,6 +268,10 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     // after the wait that retires G4.
     // The flush sits outside the stage loop: inside it, ptxas would wait for every group at each stage.
     std::uint32_t a_hi[2][4], a_lo[2][4];
+    // k-step 0 of A is loaded a stage ahead (it has landed by then), so a stage starts without waiting
+    // for shared memory.
+    AFragment a_next;
+    if (k_tiles > 0) load_a(stage_a, 0, a_next);
     for (int chunk_begin = 0; chunk_begin < k_tiles; chunk_begin += chunk_stages) {
       const int chunk_end = min(k_tiles, chunk_begin + chunk_stages);
       for (int kt = chunk_begin; kt < chunk_end; ++kt) {
@@ -267,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
         const std::uint64_t b_hi = smem_descriptor(split_tile(kt % kSplitBuffers, 0));
         const std::uint64_t b_lo = smem_descriptor(split_tile(kt % kSplitBuffers, 1));
         constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per 16 k
-        split_a(sa, 0, a_hi[0], a_lo[0]);
+        split_a(a_next, a_hi[0], a_lo[0]);
         wgmma_fence();
         wgmma_m64n128k16(hh, a_hi[0], b_hi, 0);
         wgmma_commit();
@@ -276,14 +291,20 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
         wgmma_commit();
         wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
         add_hi_products();
-        split_a(sa, 1, a_hi[1], a_lo[1]);
+        AFragment a_step1;
+        load_a(sa, 1, a_step1);
+        // While G2 runs and hh is free: the split has registers to have all its loads in flight at once.
+        if (kt + 1 < k_tiles) {
+          split_b(kt + 1);
+          load_a(stage_a + ((kt + 1) & (kStages - 1)) * A::kFloats, 0, a_next);
+        }
+        split_a(a_step1, a_hi[1], a_lo[1]);
         wgmma_fence();
         wgmma_m64n128k16(hh, a_hi[1], b_hi + kStepDesc, 0);
         wgmma_commit();
         wgmma_m64n128k16(corr, a_lo[1], b_hi + kStepDesc, 1);
         wgmma_m64n128k16(corr, a_hi[1], b_lo + kStepDesc, 1);
         wgmma_commit();
-        if (kt + 1 < k_tiles) split_b(kt + 1);  // overlaps the products
         wgmma_wait<1>();  // G3 is done
         add_hi_products();
       }
