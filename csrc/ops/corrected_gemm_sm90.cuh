@@ -146,8 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
   const int row0 = warp / 4 * 64 + warp % 4 * 16 + lane / 4;
   const int quad = lane % 4;
   // B split: warp w converts the core matrices of columns 8 w .. 8 w + 7 and 64 + 8 w ..; lane = 8 kp + ln
-  // takes column ln of them and k 2 kp, 2 kp + 1 of every 8: each store instruction fills one core matrix.
+  // takes column ln of them (b_split_col(h), h < 2) and k 2 kp, 2 kp + 1 of every 8 (b_split_k(kc) in the
+  // kc-th 8): each store instruction fills one core matrix.
   const int split_ln = lane % 8, split_kp = lane / 8;
+  auto b_split_col = [&](int h) { return 64 * h + 8 * warp + split_ln; };
+  auto b_split_k = [&](int kc) { return 8 * kc + 2 * split_kp; };
 
   for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
     std::int64_t a_off, b_off;
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     const bool tile_fp16_safe = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
     if (args.method == Method::automatic && !tile_fp16_safe) continue;  // the tf32 kernel's tile
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
-    const float b_scale[2] = {scales.b_scale[8 * warp + split_ln], scales.b_scale[64 + 8 * warp + split_ln]};
+    const float b_scale[2] = {scales.b_scale[b_split_col(0)], scales.b_scale[b_split_col(1)]};
 
     const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
@@ -179,10 +182,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       float2 v[2][kPairs];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int col = 64 * h + 8 * warp + split_ln;
 #pragma unroll
         for (int kc = 0; kc < kPairs; ++kc) {
-          const int kk = 8 * kc + 2 * split_kp;
+          const int col = b_split_col(h), kk = b_split_k(kc);
           if constexpr (kBRowMajor) {
             v[h][kc] = make_float2(src[kk * B::kLd + col], src[(kk + 1) * B::kLd + col]);
           } else {
@@ -192,20 +194,17 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int col = 64 * h + 8 * warp + split_ln;
 #pragma unroll
         for (int kc = 0; kc < kPairs; ++kc) {
-          const int kk = 8 * kc + 2 * split_kp;
           __half2 h2, l2;
           wmmae::split_fp16x2(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
-          const int off = split_offset(col, kk);
+          const int off = split_offset(b_split_col(h), b_split_k(kc));
           *reinterpret_cast<__half2*>(hi + off) = h2;
           *reinterpret_cast<__half2*>(lo + off) = l2;
         }
       }
       fence_proxy_async();  // wgmma reads these tiles after the next barrier
     };
-    // A's fragment for k-step s of a stage, split into hi and scaled residual.
     // A's fragment for k-step s of a stage: loaded (fp32), then split into hi and scaled residual.
     using AFragment = float2[4];
     auto load_a = [&](const float* src, int s, AFragment& v) {
