@@ -159,7 +159,6 @@ __global__ void line_ranges_strided_kernel(LinesArgs args) {
 
 void launch_line_ranges(const LinesArgs& args, cudaStream_t stream) {
   if (args.lines == 0 || args.length == 0) return;
-  constexpr std::int64_t kMaxGridYZ = 65535;
   const unsigned z = static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ));
   if (args.elem_stride == 1) {
     const std::int64_t tasks = args.lines * ((args.length + 1023) / 1024);

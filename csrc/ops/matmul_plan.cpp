@@ -107,7 +107,7 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
               "count, got ", sm_count);
   GemmGrid grid{};
   grid.tiles = ((m + kGemmTile - 1) / kGemmTile) * ((n + kGemmTile - 1) / kGemmTile);
-  grid.batch_slots = std::min(batch, kMaxGridZ);
+  grid.batch_slots = std::min(batch, kMaxGridYZ);
   grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
   grid.k_per_split = k_per_split(k, grid.k_splits);
   return grid;

@@ -47,14 +47,14 @@ WMMAE_HD inline void batch_offsets(const BatchStrides& bs, std::int64_t z, std::
 MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_name);
 
 // The CUDA GEMM's grid: kGemmTile x kGemmTile output tiles per batch entry (the grid's z extent takes at most
-// kMaxGridZ batch entries, the rest in a loop), each K split `k_splits` times into whole 32-wide k-stages.
+// kMaxGridYZ batch entries, the rest in a loop), each K split `k_splits` times into whole 32-wide k-stages.
 constexpr int kGemmTile = 128;
-constexpr std::int64_t kMaxGridZ = 65535;
+constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on a grid's y and z extents
 
 struct GemmGrid {
   std::int64_t tiles;        // output tiles of one batch entry (grid x)
   int k_splits;              // blocks per tile along K, 1: no split-K (grid y)
-  std::int64_t batch_slots;  // batch entries launched at once, min(batch, kMaxGridZ) (grid z)
+  std::int64_t batch_slots;  // batch entries launched at once, min(batch, kMaxGridYZ) (grid z)
   std::int64_t k_per_split;  // K elements per split, a multiple of 32
   std::int64_t blocks() const { return tiles * k_splits * batch_slots; }
 };
