@@ -110,8 +110,6 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint
 #endif
 }
 
-__device__ __forceinline__ std::uint32_t half2_bits(__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); }
-
 template <bool kARowMajor, bool kBRowMajor>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK>;

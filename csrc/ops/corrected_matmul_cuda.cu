@@ -375,9 +375,8 @@ __device__ __forceinline__ bool vec4_operand(const float* p, std::int64_t outer_
   return outer_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
-__device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) {
-  return make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&b));
-}
+__device__ __forceinline__ std::uint32_t half2_bits(__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); }
+__device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) { return make_uint2(half2_bits(a), half2_bits(b)); }
 
 // Splits one fp32 stage into hi and lo tiles (same orientation). Each element is scaled by its line's
 // factor first (fp16: the power of two of its row of A / column of B; tf32: none). `kScaleAlongInner`: the
