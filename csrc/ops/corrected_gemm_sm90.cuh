@@ -130,6 +130,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
   extern __shared__ __align__(128) unsigned char smem_raw[];
   float* stage_a = reinterpret_cast<float*>(smem_raw);
   float* stage_b = stage_a + kStages * A::kFloats;
+  // The ring slots of k-stage kt.
+  auto stage_a_of = [&](int kt) { return stage_a + (kt & (kStages - 1)) * A::kFloats; };
+  auto stage_b_of = [&](int kt) { return stage_b + (kt & (kStages - 1)) * B::kFloats; };
   unsigned char* split_base = smem_raw + Cfg::kStageBytes;  // [buffer][hi, lo]
   auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
   const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
@@ -167,11 +170,11 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
     auto issue_stage = [&](int kt) {
       issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, A::kLd, B::kLd>(
-          stage_a + (kt & (kStages - 1)) * A::kFloats, stage_b + (kt & (kStages - 1)) * B::kFloats, a, b, args, m0,
-          n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK, k_end, a_vec4, b_vec4);
+          stage_a_of(kt), stage_b_of(kt), a, b, args, m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK,
+          k_end, a_vec4, b_vec4);
     };
     auto split_b = [&](int kt) {
-      const float* src = stage_b + (kt & (kStages - 1)) * B::kFloats;
+      const float* src = stage_b_of(kt);
       unsigned char* hi = split_tile(kt % kSplitBuffers, 0);
       unsigned char* lo = split_tile(kt % kSplitBuffers, 1);
       // All loads first: the compiler cannot tell the stage from the hi/lo tiles, so a load written after
@@ -268,14 +271,14 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     // k-step 0 of A is loaded a stage ahead (it has landed by then), so a stage starts without waiting
     // for shared memory.
     AFragment a_next;
-    if (k_tiles > 0) load_a(stage_a, 0, a_next);
+    if (k_tiles > 0) load_a(stage_a_of(0), 0, a_next);
     for (int chunk_begin = 0; chunk_begin < k_tiles; chunk_begin += chunk_stages) {
       const int chunk_end = min(k_tiles, chunk_begin + chunk_stages);
       for (int kt = chunk_begin; kt < chunk_end; ++kt) {
         // Also: B's hi/lo of stage kt are written, and every warpgroup's products of stage kt - 2 are
         // complete (so their hi/lo buffer can take stage kt + 1).
         stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
-        const float* sa = stage_a + (kt & (kStages - 1)) * A::kFloats;
+        const float* sa = stage_a_of(kt);
         const std::uint64_t b_hi = smem_descriptor(split_tile(kt % kSplitBuffers, 0));
         const std::uint64_t b_lo = smem_descriptor(split_tile(kt % kSplitBuffers, 1));
         constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per 16 k
@@ -293,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
         // While G2 runs and hh is free: the split has registers to have all its loads in flight at once.
         if (kt + 1 < k_tiles) {
           split_b(kt + 1);
-          load_a(stage_a + ((kt + 1) & (kStages - 1)) * A::kFloats, 0, a_next);
+          load_a(stage_a_of(kt + 1), 0, a_next);
         }
         split_a(a_step1, a_hi[1], a_lo[1]);
         wgmma_fence();
