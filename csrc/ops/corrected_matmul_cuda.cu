@@ -57,16 +57,29 @@ template <> struct MethodTraits<Method::tf32> {
   static constexpr float kLoUnscale = 1.0f;
 };
 
-// The workspace of the pre-pass: per row of A / column of B (and batch index), in three int arrays.
+// The workspace of the pre-pass: per row of A / column of B (and batch index), in three int arrays that
+// start as zeros (one memset) and are merged into with atomicMax / atomicOr: the largest exponent as
+// max_exp - kNoExponent and the smallest as kExponentBias - min_exp, both > 0 for every float exponent,
+// so 0 stands for "no finite non-zero element yet".
 struct RangeArrays {
-  int* max_exp;
-  int* min_exp;
+  int* max_exp_code;
+  int* min_exp_code;
   int* nonfinite;
-};
+  static constexpr int kExponentBias = -kNoExponent;
 
-__device__ inline ExponentRange load_range(const RangeArrays& r, std::int64_t i) {
-  return ExponentRange{r.max_exp[i], r.min_exp[i], r.nonfinite[i] != 0};
-}
+  __device__ void merge(std::int64_t i, const ExponentRange& r) const {
+    if (r.max_exp != kNoExponent) {
+      atomicMax(max_exp_code + i, r.max_exp - kNoExponent);
+      atomicMax(min_exp_code + i, kExponentBias - r.min_exp);
+    }
+    if (r.nonfinite) atomicOr(nonfinite + i, 1);
+  }
+  __device__ ExponentRange load(std::int64_t i) const {
+    const int max_code = max_exp_code[i];
+    if (max_code == 0) return ExponentRange{kNoExponent, -kNoExponent, nonfinite[i] != 0};
+    return ExponentRange{max_code + kNoExponent, kExponentBias - min_exp_code[i], nonfinite[i] != 0};
+  }
+};
 
 struct GemmArgs {
   const float* a;
@@ -98,14 +111,22 @@ struct LinesArgs {
   std::int64_t num_batches;
 };
 
-constexpr int kChunk = 256;  // elements of one line reduced by one thread (strided lines)
+constexpr int kChunk = 64;    // elements of one line reduced by one thread (strided lines)
+constexpr int kLoadBatch = 8;  // loads a thread has in flight before it looks at their values
 
-__device__ inline void merge_into(const RangeArrays& out, std::int64_t idx, const ExponentRange& r) {
-  if (r.max_exp != kNoExponent) {
-    atomicMax(out.max_exp + idx, r.max_exp);
-    atomicMin(out.min_exp + idx, r.min_exp);
+// Folds the elements first, first + step, ... (< end) of p into r, kLoadBatch loads at a time: the loop
+// carries only r, so without the batching each load's latency would be paid one after the other.
+__device__ inline void include_strided(ExponentRange& r, const float* p, std::int64_t first, std::int64_t end,
+                                       std::int64_t step) {
+  std::int64_t e = first;
+  for (; e + (kLoadBatch - 1) * step < end; e += kLoadBatch * step) {
+    float v[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) v[j] = p[e + j * step];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) include_value(r, v[j]);
   }
-  if (r.nonfinite) atomicOr(out.nonfinite + idx, 1);
+  for (; e < end; e += step) include_value(r, p[e]);
 }
 
 __device__ inline ExponentRange warp_merge(ExponentRange r) {
@@ -132,9 +153,9 @@ __global__ void line_ranges_contiguous_kernel(LinesArgs args) {
     batch_offsets(args.batch, z, a_off, b_off);
     const float* p = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
     ExponentRange r = empty_exponent_range();
-    for (std::int64_t e = chunk * kWarpSpan + (threadIdx.x % 32); e < end; e += 32) include_value(r, p[e]);
+    include_strided(r, p, chunk * kWarpSpan + (threadIdx.x % 32), end, 32);
     r = warp_merge(r);
-    if (threadIdx.x % 32 == 0) merge_into(args.out, z * args.lines + line, r);
+    if (threadIdx.x % 32 == 0) args.out.merge(z * args.lines + line, r);
   }
 }
 
@@ -151,8 +172,8 @@ __global__ void line_ranges_strided_kernel(LinesArgs args) {
          begin += static_cast<std::int64_t>(gridDim.y) * kChunk) {
       const std::int64_t end = min(args.length, begin + kChunk);
       ExponentRange r = empty_exponent_range();
-      for (std::int64_t e = begin; e < end; ++e) include_value(r, base[e * args.elem_stride]);
-      merge_into(args.out, z * args.lines + line, r);
+      include_strided(r, base, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
+      args.out.merge(z * args.lines + line, r);
     }
   }
 }
@@ -323,7 +344,7 @@ __device__ inline bool load_line_scales(const GemmArgs& args, const LineScales& 
     const std::int64_t extent = is_a ? args.m : args.n;
     int shift = 0;
     if (args.method != Method::tf32 && line < extent) {
-      const ExponentRange range = load_range(is_a ? args.a_ranges : args.b_ranges, z * extent + line);
+      const ExponentRange range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
       shift = M == Method::fp16 ? fp16_shift(range) : 0;
       lines_fp16_safe &= fp16_safe(range);
     }
@@ -685,10 +706,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (method != Method::tf32) {
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
     // A's rows as [batch][m] first, then B's columns as [batch][n].
-    ranges = at::empty({3, plan.batch, plan.m + plan.n}, a.options().dtype(at::kInt));
-    ranges[0].fill_(kNoExponent);
-    ranges[1].fill_(-kNoExponent);
-    ranges[2].zero_();
+    ranges = at::zeros({3, plan.batch, plan.m + plan.n}, a.options().dtype(at::kInt));  // see RangeArrays
     int* base = ranges.data_ptr<int>();
     const std::int64_t per = plan.batch * (plan.m + plan.n);
     const std::int64_t a_block = plan.batch * plan.m;
