@@ -2,7 +2,7 @@
 float64 reference: the suite that compute-sanitizer's slow tools (racecheck, initcheck) can run whole
 (tools/sanitize.sh). On the CPU the same calls check the reference kernels.
 
-corrected_matmul: GEMM kernel family (default, portable WMMA) x method (fp16, tf32, auto) x layout of a and b (row- or column-major, which picks both the
+corrected_matmul: GEMM kernel family (default; on H100/H200 without TMA; portable WMMA) x method (fp16, tf32, auto) x layout of a and b (row- or column-major, which picks both the
 GEMM instantiation and the exponent pre-pass kernel) x split-K (allowed, or off in deterministic mode), on a
 problem of one output tile with K = 2100 (two accumulation chunks and a partial one), plus partial tiles
 with broadcast batch dimensions.
@@ -12,6 +12,8 @@ staging) or inputs one element off (synchronous staging); fp32 inputs with value
 range (the CUDA-core path).
 """
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -24,17 +26,18 @@ METHODS = ["fp16", "tf32", "auto"]
 
 
 # The CPU kernels, and on CUDA both GEMM kernel families: the default (wgmma on H100/H200 builds with sm_90a,
-# else WMMA) and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run.
+# its fp32 stages by TMA where the operands allow, else WMMA), the wgmma kernel with cp.async stages only
+# (TORCH_WMMAE_SM90_TMA=0), and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run.
 GEMM_TARGETS = ["cpu", *[pytest.param(name, marks=[requires_cuda, pytest.mark.gpu])
-                         for name in ("cuda", "cuda_portable_gemm")]]
+                         for name in ("cuda", "cuda_no_tma", "cuda_portable_gemm")]]
 
 
 @pytest.fixture(params=GEMM_TARGETS)
 def gemm_device(request, monkeypatch) -> str:
     """The device of a corrected_matmul call, with the GEMM kernel family selected."""
-    portable = request.param == "cuda_portable_gemm"
-    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if portable else "0")
-    return "cuda" if portable else request.param
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if request.param == "cuda_portable_gemm" else "0")
+    monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "0" if request.param == "cuda_no_tma" else "1")
+    return "cpu" if request.param == "cpu" else "cuda"
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -57,6 +60,68 @@ def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method
     out = torch_wmmae.corrected_matmul(a, b, method=method)
     assert out.shape == (3, 2, 130, 129)
     assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
+
+
+def _launched_kernels(fn) -> list[str]:
+    """The names of the CUDA kernels that fn() launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _has_sm90_gemm() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and any(
+        "sm90" in name for name in _launched_kernels(
+            lambda: torch_wmmae.corrected_matmul(torch.ones(16, 16, device="cuda"),
+                                                 torch.ones(16, 16, device="cuda"), method="fp16")))
+
+
+def _strided_rows(gen, shape, row_stride: int, offset: int) -> torch.Tensor:
+    """N(0, 1) float32 of `shape` (..., rows, cols) with unit column stride, the given row stride and a
+    storage offset in elements."""
+    *batch, rows, _ = shape
+    storage = random_tensor(gen, (offset + math.prod(batch) * rows * row_stride,), "normal", "cuda")
+    batch_strides = [rows * row_stride * math.prod(batch[i + 1:]) for i in range(len(batch))]
+    return storage.as_strided(shape, (*batch_strides, row_stride, 1), offset)
+
+
+# (a, b) as (shape, row stride, storage offset), and whether the wgmma kernel can take its stages by TMA:
+# row-major, 16-byte aligned start and strides, at most one batch dimension (broadcast allowed).
+TMA_CASES = {
+    "aligned": (((130, 72), 72, 0), ((72, 136), 136, 0), True),
+    "batched_a_broadcast_b": (((3, 130, 72), 76, 4), ((72, 136), 140, 8), True),
+    "broadcast_a_batched_b": (((130, 72), 72, 0), ((2, 72, 136), 136, 0), True),
+    "unaligned_start": (((130, 72), 72, 1), ((72, 136), 136, 0), False),
+    "row_stride_not_16_bytes": (((130, 72), 72, 0), ((72, 133), 133, 0), False),
+    # batch (2, 3) with a broadcast along the 3 and b along the 2: no single batch stride per operand
+    "two_batch_dims": (((2, 1, 130, 72), 72, 0), ((3, 72, 136), 136, 0), False),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(TMA_CASES))
+def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
+    """TMA stages and cp.async stages give the same bits (same arithmetic, other copy engine), both correct,
+    and the kernel takes TMA exactly where the operands allow it."""
+    (a_shape, a_rs, a_off), (b_shape, b_rs, b_off), eligible = TMA_CASES[case]
+    a = _strided_rows(gen, a_shape, a_rs, a_off)
+    b = _strided_rows(gen, b_shape, b_rs, b_off)
+    outs, kernels = {}, {}
+    for tma in ("1", "0"):
+        monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", tma)
+        with deterministic():  # no split-K: the sums are formed in one order
+            kernels[tma] = _launched_kernels(
+                lambda: outs.setdefault(tma, torch_wmmae.corrected_matmul(a, b, method="fp16")))
+    assert torch.equal(outs["1"], outs["0"])
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    assert_matmul_within_dot_product_bound(outs["1"], a.expand(*batch, *a.shape[-2:]),
+                                           b.expand(*batch, *b.shape[-2:]), case)
+    if _has_sm90_gemm():
+        tma_kernel = "corrected_gemm_sm90_kernel<true, true, true>"
+        assert any(tma_kernel in name for name in kernels["1"]) == eligible, kernels["1"]
+        assert not any(tma_kernel in name for name in kernels["0"]), kernels["0"]
 
 
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}

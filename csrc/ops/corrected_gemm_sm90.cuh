@@ -1,7 +1,9 @@
 // The fp16 corrected GEMM on Hopper (sm_90a), included by corrected_matmul_cuda.cu (which defines GemmArgs,
 // the tile helpers and the cp.async stage loader). Same numerical scheme as the WMMA kernel, on wgmma:
 //
-// - 128x128 output tiles, two warpgroups of 64x128, 4-stage cp.async ring of fp32 tiles (k extent 32).
+// - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
+//   (one thread, an mbarrier per slot) when both operands are row-major and TMA can read them in place
+//   (kTma), else by cp.async from every thread.
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
 //   so A's hi/lo never touch shared memory.
@@ -13,9 +15,7 @@
 //   stage still run while the next stage starts (B's hi/lo tiles are triple-buffered for that).
 #pragma once
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WMMAE_SM90A_DEVICE 1
-#endif
+#include "sm90_tma.cuh"
 
 namespace wmmae_ops {
 namespace sm90 {
@@ -24,15 +24,28 @@ constexpr int kBlockK = 32;
 constexpr int kStages = 4;
 static_assert(kThreads == 256 && kBlockM == 128 && kBlockN == 128, "two warpgroups of 64 x 128");
 
-// An fp32 stage tile, in the operand's orientation in global memory, rows padded so that the fragment reads
-// of A (float2 per lane, inner extent 32) and the transposing reads of the B split (inner extent 128) are
-// free of bank conflicts.
-template <bool kRowMajor, int kRows, int kCols>
+// An fp32 stage tile, in the operand's orientation in global memory. Filled by cp.async: rows padded so that
+// the fragment reads of A (float2 per lane, inner extent 32) and the transposing reads of the B split (inner
+// extent 128) are free of bank conflicts. Filled by TMA (kTma): boxes of 32 inner elements (128 bytes) by
+// kOuter lines, one after the other along the inner dimension, each in the 128-byte swizzle (16-byte chunk c
+// of line o stored at chunk c ^ (o % 8)), which keeps the same reads conflict-free without padding.
+template <bool kRowMajor, int kRows, int kCols, bool kTma = false>
 struct StageTile {
   static constexpr int kOuter = kRowMajor ? kRows : kCols;
   static constexpr int kInner = kRowMajor ? kCols : kRows;
-  static constexpr int kLd = kInner + (kInner == kBlockK ? 8 : 4);
+  static constexpr int kLd = kTma ? kInner : kInner + (kInner == kBlockK ? 8 : 4);
   static constexpr int kFloats = kOuter * kLd;
+  static constexpr int kBoxInner = 32;  // TMA box: 32 floats x kOuter lines
+  static constexpr int kBoxes = kInner / kBoxInner;
+  // Offset in floats of element (outer, inner).
+  __device__ static int offset(int outer, int inner) {
+    if constexpr (kTma) {
+      const int box = inner / kBoxInner, c = inner % kBoxInner;
+      return box * kOuter * kBoxInner + outer * kBoxInner + (((c / 4) ^ (outer % 8)) * 4) + c % 4;
+    } else {
+      return outer * kLd + inner;
+    }
+  }
 };
 
 // B's hi and lo tiles as wgmma reads them: K-major, no swizzle. A core matrix is 8 columns n x 8 consecutive
@@ -110,30 +123,56 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint
 #endif
 }
 
-template <bool kARowMajor, bool kBRowMajor>
+template <bool kARowMajor, bool kBRowMajor, bool kTma>
 struct Config {
-  using A = StageTile<kARowMajor, kBlockM, kBlockK>;
-  using B = StageTile<kBRowMajor, kBlockK, kBlockN>;
-  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales.
+  using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
+  using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
+  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, then (TMA) one mbarrier
+  // per stage slot. TMA's 128-byte swizzle wants 1024-byte aligned boxes: the kernel aligns the base.
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
-  static constexpr std::size_t kSmemBytes = kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
+  static constexpr std::size_t kBarrierOffset = kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
+  static constexpr std::size_t kSmemBytes = kBarrierOffset + (kTma ? kStages * sizeof(std::uint64_t) + 1024 : 0);
+  static_assert(kStageBytes % 1024 == 0 || !kTma, "TMA boxes stay 1024-byte aligned");
+  static_assert(kBarrierOffset % alignof(std::uint64_t) == 0, "mbarriers are 8-byte aligned");
   static_assert(kStageBytes % 128 == 0, "the hi/lo tiles start 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
+  static_assert(!kTma || (kARowMajor && kBRowMajor), "TMA stages: row-major A and B only");
 };
 
-template <bool kARowMajor, bool kBRowMajor>
-__global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmArgs args) {
+// The TMA maps of A as (k, m, batch) and B as (n, k, batch), encoded on the host (encode_fp32_operand_map); an
+// operand without its own batch index (no batch, or broadcast) is read at batch coordinate 0.
+struct TmaMaps {
+  CUtensorMap a, b;
+  bool a_batched, b_batched;
+};
+
+// kTma: the fp32 stages come by TMA (one thread issues them, an mbarrier per stage slot says when they
+// have landed) instead of cp.async by every thread; see StageTile for their layout.
+template <bool kARowMajor, bool kBRowMajor, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
 #ifdef WMMAE_SM90A_DEVICE
-  using Cfg = Config<kARowMajor, kBRowMajor>;
+  using Cfg = Config<kARowMajor, kBRowMajor, kTma>;
   using A = typename Cfg::A;
   using B = typename Cfg::B;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  float* stage_a = reinterpret_cast<float*>(smem_raw);
+  unsigned char* smem = smem_raw;
+  if constexpr (kTma) smem += (1024 - smem_address(smem_raw) % 1024) % 1024;
+  float* stage_a = reinterpret_cast<float*>(smem);
   float* stage_b = stage_a + kStages * A::kFloats;
   // The ring slots of k-stage kt.
   auto stage_a_of = [&](int kt) { return stage_a + (kt & (kStages - 1)) * A::kFloats; };
   auto stage_b_of = [&](int kt) { return stage_b + (kt & (kStages - 1)) * B::kFloats; };
-  unsigned char* split_base = smem_raw + Cfg::kStageBytes;  // [buffer][hi, lo]
+  std::uint64_t* stage_full = reinterpret_cast<std::uint64_t*>(smem + Cfg::kBarrierOffset);  // TMA only
+  std::uint32_t stage_phases = 0;  // TMA: bit s = parity of slot s's next completion
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) mbarrier_init(stage_full + s, 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
+  unsigned char* split_base = smem + Cfg::kStageBytes;  // [buffer][hi, lo]
   auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
   const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
 
@@ -168,6 +207,24 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
 
     const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
+    // TMA: stage kt of this tile into slot kt % kStages (one thread).
+    auto issue_tma_stage = [&](int kt) {
+      const int slot = kt & (kStages - 1);
+      const int k0 = static_cast<int>(k_begin) + kt * kBlockK;
+      mbarrier_arrive_expect_tx(stage_full + slot, sizeof(float) * (A::kFloats + B::kFloats));
+      const int za = maps.a_batched ? static_cast<int>(z) : 0, zb = maps.b_batched ? static_cast<int>(z) : 0;
+      tma_load_3d(stage_a + slot * A::kFloats, &maps.a, stage_full + slot, k0, static_cast<int>(m0), za);
+#pragma unroll
+      for (int box = 0; box < B::kBoxes; ++box) {
+        tma_load_3d(stage_b + slot * B::kFloats + box * B::kOuter * B::kBoxInner, &maps.b, stage_full + slot,
+                    static_cast<int>(n0) + box * B::kBoxInner, k0, zb);
+      }
+    };
+    auto wait_tma_stage = [&](int kt) {
+      const int slot = kt & (kStages - 1);
+      mbarrier_wait(stage_full + slot, (stage_phases >> slot) & 1u);
+      stage_phases ^= 1u << slot;
+    };
     auto issue_stage = [&](int kt) {
       issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, A::kLd, B::kLd>(
           stage_a_of(kt), stage_b_of(kt), a, b, args, m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK,
@@ -187,9 +244,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
         for (int kc = 0; kc < kPairs; ++kc) {
           const int col = b_split_col(h), kk = b_split_k(kc);
           if constexpr (kBRowMajor) {
-            v[h][kc] = make_float2(src[kk * B::kLd + col], src[(kk + 1) * B::kLd + col]);
+            v[h][kc] = make_float2(src[B::offset(kk, col)], src[B::offset(kk + 1, col)]);
           } else {
-            v[h][kc] = *reinterpret_cast<const float2*>(src + col * B::kLd + kk);
+            v[h][kc] = *reinterpret_cast<const float2*>(src + B::offset(col, kk));
           }
         }
       }
@@ -213,9 +270,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       for (int i = 0; i < 4; ++i) {
         const int r = row0 + (i & 1) * 8, kk = 16 * s + 2 * quad + (i >> 1) * 8;
         if constexpr (kARowMajor) {
-          v[i] = *reinterpret_cast<const float2*>(src + r * A::kLd + kk);
+          v[i] = *reinterpret_cast<const float2*>(src + A::offset(r, kk));
         } else {
-          v[i] = make_float2(src[kk * A::kLd + r], src[(kk + 1) * A::kLd + r]);
+          v[i] = make_float2(src[A::offset(kk, r)], src[A::offset(kk + 1, r)]);
         }
       }
     };
@@ -258,7 +315,15 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
     const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
 
-    stage_ring_prologue<kStages>(k_tiles, issue_stage);
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
+      }
+      if (k_tiles > 0) wait_tma_stage(0);
+      __syncthreads();
+    } else {
+      stage_ring_prologue<kStages>(k_tiles, issue_stage);
+    }
     split_b(0);
     // Software pipeline over wgmma groups (in order per warpgroup): G1 = hi*hi of k-step 0, G2 = its two
     // corrections, G3 = hi*hi of k-step 1, G4 = its corrections. Each wait leaves only the last correction
@@ -277,7 +342,13 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_sm90_kernel(GemmAr
       for (int kt = chunk_begin; kt < chunk_end; ++kt) {
         // Also: B's hi/lo of stage kt are written, and every warpgroup's products of stage kt - 2 are
         // complete (so their hi/lo buffer can take stage kt + 1).
-        stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
+        if constexpr (kTma) {
+          if (kt + 1 < k_tiles) wait_tma_stage(kt + 1);
+          __syncthreads();
+          if (threadIdx.x == 0 && kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+        } else {
+          stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
+        }
         const float* sa = stage_a_of(kt);
         const std::uint64_t b_hi = smem_descriptor(split_tile(kt % kSplitBuffers, 0));
         const std::uint64_t b_lo = smem_descriptor(split_tile(kt % kSplitBuffers, 1));

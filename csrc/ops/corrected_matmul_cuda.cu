@@ -589,8 +589,8 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 
 // Launches `Kernel` with `smem_bytes` of dynamic shared memory. Above 48 KB this must be allowed per kernel
 // and device, once.
-template <auto Kernel>
-void launch_with_smem(std::size_t smem_bytes, const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
+template <auto Kernel, class... Params>
+void launch_with_smem(std::size_t smem_bytes, const dim3& grid, cudaStream_t stream, const Params&... params) {
   static std::atomic<std::uint64_t> configured_devices{0};
   const int device = c10::cuda::current_device();
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
@@ -598,7 +598,7 @@ void launch_with_smem(std::size_t smem_bytes, const GemmArgs& args, const dim3& 
     C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
     configured_devices.fetch_or(bit);
   }
-  Kernel<<<grid, kThreads, smem_bytes, stream>>>(args);
+  Kernel<<<grid, kThreads, smem_bytes, stream>>>(params...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -623,14 +623,43 @@ bool use_sm90_kernel() {
 #endif
 }
 
+#ifdef WMMAE_HAS_SM90A
+// The wgmma kernel's fp32 stages come by TMA when both operands are row-major views TMA can read in place
+// and the batch has at most one dimension; otherwise by cp.async. TORCH_WMMAE_SM90_TMA=0 asks for cp.async
+// always (read on every call: tests and benchmarks compare both; the outputs are the same bits).
+bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
+  const char* env = std::getenv("TORCH_WMMAE_SM90_TMA");
+  if (env != nullptr && std::string(env) == "0") return false;
+  if (args.a_ks != 1 || args.b_cs != 1 || args.batch.ndim > 1) return false;
+  const std::int64_t a_bs = args.batch.ndim == 1 ? args.batch.a_stride[0] : 0;
+  const std::int64_t b_bs = args.batch.ndim == 1 ? args.batch.b_stride[0] : 0;
+  return sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, args.k, args.m, args.a_rs,
+                                       args.num_batches, a_bs, kBlockM) &&
+         sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, args.n, args.k, args.b_ks,
+                                       args.num_batches, b_bs, sm90::kBlockK);
+}
+#endif
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
   if (M == Method::fp16 && use_sm90_kernel()) {
-    using Cfg = sm90::Config<kARowMajor, kBRowMajor>;
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, args, grid, stream);
+#ifdef WMMAE_HAS_SM90A
+    sm90::TmaMaps maps{};
+    if constexpr (kARowMajor && kBRowMajor) {
+      if (tma_maps(args, &maps)) {
+        using Cfg = sm90::Config<true, true, true>;
+        launch_with_smem<sm90::corrected_gemm_sm90_kernel<true, true, true>>(Cfg::kSmemBytes, grid, stream, args,
+                                                                                 maps);
+        return;
+      }
+    }
+    using Cfg = sm90::Config<kARowMajor, kBRowMajor, false>;
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, false>>(Cfg::kSmemBytes, grid, stream,
+                                                                                       args, maps);
+#endif
   } else {
     using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
-    launch_with_smem<corrected_gemm_kernel<M, kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, args, grid, stream);
+    launch_with_smem<corrected_gemm_kernel<M, kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, grid, stream, args);
   }
 }
 
