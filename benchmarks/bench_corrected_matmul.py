@@ -1,7 +1,10 @@
 """corrected_matmul against torch.matmul in float32 (TF32 off) and TF32, in the same run.
 
-Writes benchmarks/results/corrected_matmul.{json,md}: one row per shape and method, with TFLOP/s, the
-speed-up over torch.matmul float32 and the relative Frobenius errors against a float64 product.
+Writes benchmarks/results/corrected_matmul.{json,md}: one row per shape, method and input distribution,
+with TFLOP/s, the speed-up over torch.matmul float32 and the relative Frobenius errors against a float64
+product. Inputs are U(-1, 1) (torch.rand * 2 - 1: multiples of 2^-23, so no row spans more than 2^23 and
+"auto" never needs its tf32 fallback) and, for "auto" on the square shapes, also N(0, 1), whose rare tiny
+elements do send some tiles to the tf32 split.
     python benchmarks/bench_corrected_matmul.py [--quick] [--out DIR]
 """
 from __future__ import annotations
@@ -25,15 +28,22 @@ def reference_rows(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.matmul(a[..., :rows, :].double(), b.double())
 
 
-def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=METHODS, err_rows: int = 512) -> list:
+def random_inputs(shape, dist: str, gen: torch.Generator) -> torch.Tensor:
+    if dist == "uniform":
+        return torch.rand(shape, device="cuda", generator=gen) * 2 - 1
+    return torch.randn(shape, device="cuda", generator=gen)
+
+
+def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=METHODS, err_rows: int = 512,
+                dist: str = "uniform") -> list:
     flop = 2.0 * batch * m * n * k
     shape_a = (batch, m, k) if batch > 1 else (m, k)
     shape_b = (batch, k, n) if batch > 1 else (k, n)
     set_bytes = 4 * batch * (m * k + k * n + m * n)
     sets = inputs_for_rotation(set_bytes, l2)
     gen = torch.Generator(device="cuda").manual_seed(1234 + m + n + k)
-    a_sets = [torch.rand(shape_a, device="cuda", generator=gen) * 2 - 1 for _ in range(sets)]
-    b_sets = [torch.rand(shape_b, device="cuda", generator=gen) * 2 - 1 for _ in range(sets)]
+    a_sets = [random_inputs(shape_a, dist, gen) for _ in range(sets)]
+    b_sets = [random_inputs(shape_b, dist, gen) for _ in range(sets)]
     rows = min(m, err_rows)
     ref = reference_rows(a_sets[0], b_sets[0], rows)
 
@@ -53,7 +63,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     for method in methods:
         ms = timed(lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method))
         err = rel_err(torch_wmmae.corrected_matmul(a_sets[0][..., :rows, :], b_sets[0], method=method), ref)
-        out.append(dict(m=m, n=n, k=k, batch=batch, method=method, ms=ms, tflops=flop / ms / 1e9,
+        out.append(dict(m=m, n=n, k=k, batch=batch, method=method, dist=dist, ms=ms, tflops=flop / ms / 1e9,
                         fp32_tflops=flop / fp32_ms / 1e9, tf32_tflops=flop / tf32_ms / 1e9,
                         speedup_vs_fp32=fp32_ms / ms, rel_err=err, fp32_rel_err=fp32_err,
                         tiles=tiles, k_splits=k_splits, blocks=blocks))
@@ -73,7 +83,8 @@ def main() -> None:
     squares = (1024, 2048, 4096, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
     for s in squares:
         rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20)
-        print(rows[-3:], flush=True)
+        rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20, methods=("auto",), dist="normal")
+        print(rows[-4:], flush=True)
     rows += bench_shape(512, 512, 512, 64, l2, reps=20)
     print(rows[-3:], flush=True)
     step = args.sweep_step or (1024 if args.quick else 64)
@@ -84,11 +95,11 @@ def main() -> None:
     print(f"sweep done: {len(rows)} rows", flush=True)
     payload = header() | {"rows": rows}
     write_results("corrected_matmul", payload,
-                  ["m", "n", "k", "batch", "method", "tflops", "fp32_tflops", "tf32_tflops", "speedup_vs_fp32",
+                  ["m", "n", "k", "batch", "method", "dist", "tflops", "fp32_tflops", "tf32_tflops", "speedup_vs_fp32",
                    "rel_err", "fp32_rel_err"], args.out, "corrected_matmul vs torch.matmul")
     for r in rows:
         if r["n"] in (1024, 2048, 4096, 8192, 16384, 512) and (r["m"] == r["n"] or r["batch"] > 1):
-            print(f"{r['batch']}x{r['m']}x{r['n']}x{r['k']} {r['method']:5s} {r['tflops']:7.1f} TFLOP/s "
+            print(f"{r['batch']}x{r['m']}x{r['n']}x{r['k']} {r['method']:5s} {r['dist']:7s} {r['tflops']:7.1f} TFLOP/s "
                   f"x{r['speedup_vs_fp32']:.2f} vs fp32 ({r['fp32_tflops']:.1f}), err {r['rel_err']:.2e} "
                   f"(fp32 {r['fp32_rel_err']:.2e})")
 

@@ -360,7 +360,7 @@ def test_auto_and_tf32_accurate_on_rows_spanning_2_41(device, gen, method):
 
 
 def test_fp16_loses_accuracy_on_rows_spanning_2_41(device, gen):
-    """The documented limitation of method="fp16": rows of a / columns of b spanning more than ~2^23 lose the
+    """The documented limitation of method="fp16": rows of a / columns of b spanning more than ~2^29 lose the
     low bits of their small elements (after the per-row power-of-two scaling they fall into fp16's subnormal
     range). Here rows span up to 2^41 and the error is orders of magnitude above float32's; "auto" detects
     such rows and uses the tf32 split instead (test above)."""
@@ -373,10 +373,28 @@ def test_fp16_loses_accuracy_on_rows_spanning_2_41(device, gen):
     assert err16 > 100 * err_auto
 
 
-def test_fp16_accurate_on_rows_spanning_2_21(device, gen):
-    """The other side of the limit: rows and columns spanning at most 2^21 (< 2^23) keep float32 accuracy."""
-    a, b = _inner_scaled(gen, 33, 29, 256, span_exp=10, device=device)
+@pytest.mark.parametrize("span_exp", [10, 14])
+def test_fp16_accurate_on_rows_spanning_up_to_2_29(device, gen, span_exp):
+    """The other side of the limit: rows and columns whose exponents span at most 2 * 14 = 28 (magnitudes
+    within 2^29, the fp16-safe limit of corrected_matmul_scheme.hpp) keep float32 accuracy, as well as rows
+    spanning 2^21 do."""
+    a, b = _inner_scaled(gen, 33, 29, 256, span_exp=span_exp, device=device)
     check_against_fp32(a, b, "fp16")
+
+
+@pytest.mark.parametrize("span", [28, 29])
+def test_auto_takes_fp16_exactly_up_to_the_span_limit(device, gen, span):
+    """"auto" uses the fp16 split for rows whose exponents span at most 28, and tf32 beyond: its output is
+    the same bits as that method's (one output tile, no split-K)."""
+    a = random_signs(gen, (33, 256)) * (1 + torch.rand(33, 256, generator=gen, dtype=torch.float64))
+    a[:, 0] *= 2.0 ** (span - 14)  # exponents from -14 to span - 14 in every row
+    a[:, 1] *= 2.0 ** -14
+    b = random_signs(gen, (256, 29)) * (1 + torch.rand(256, 29, generator=gen, dtype=torch.float64))
+    a, b = a.float().to(device), b.float().to(device)
+    with deterministic():
+        outs = {method: corrected_matmul(a, b, method=method) for method in METHODS}
+    assert not torch.equal(outs["fp16"], outs["tf32"])  # else the test could not tell them apart
+    assert torch.equal(outs["auto"], outs["fp16" if span <= 28 else "tf32"])
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -57,10 +57,14 @@ WMMAE_HD inline void include_value(ExponentRange& r, float v) {
 // Scaling a row by 2^(kFp16TargetExp - max_exp) puts its largest magnitude in [2^14, 2^15): far enough
 // below fp16's maximum (65504) that neither the high part nor the products (< 2^30) overflow.
 constexpr int kFp16TargetExp = 14;
-// The fp16 split keeps about 22 significant bits (11 in hi, 11 in the scaled residual) while the element
-// stays >= 2^-9 after scaling, where both parts are normal fp16 numbers. A row whose exponents span more
-// than this loses precision in its smallest elements: "auto" sends such rows to the tf32 split.
-constexpr int kFp16MaxExponentSpan = 23;
+// The fp16 split represents an element x to within 2^-22 |x| while x >= 2^-14 after scaling: hi is a normal
+// fp16 number (error <= 2^-11 |x|), and the scaled residual's own rounding costs at most 2^-11 of that when
+// it is normal, or half of fp16's subnormal spacing, 2^-25 / 2^11 = 2^-36 <= 2^-22 |x|, when it is not. So
+// a row keeps that accuracy while its exponents span at most 14 - (-14) = 28; below, each binade loses a bit
+// (measured: rows spanning 2^28 as accurate as rows spanning 2^20, 2^32 at 2x float32's error). "auto"
+// sends wider rows to the tf32 split. (N(0, 1) rows of 2^k elements reach a span of 28 with probability
+// about 2^k * 2^-27, of 23 about 2^k * 2^-22: the limit sets how often "auto" falls back.)
+constexpr int kFp16MaxExponentSpan = 28;
 // 2^shift must be a normal float: rows whose largest magnitude is below 2^-113 are not fp16-safe.
 constexpr int kMaxShift = 127;
 
