@@ -201,7 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
     const bool tile_fp16_safe = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
-    if (args.method == Method::automatic && !tile_fp16_safe) continue;  // the tf32 kernel's tile
+    if (args.method == Method::automatic && !tile_fp16_safe) {  // the tf32 kernel's tile
+      if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;
+      continue;
+    }
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
     const float b_scale[2] = {scales.b_scale[b_split_col(0)], scales.b_scale[b_split_col(1)]};
 

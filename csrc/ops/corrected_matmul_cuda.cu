@@ -92,6 +92,9 @@ struct GemmArgs {
   std::int64_t num_batches;
   RangeArrays a_ranges, b_ranges;  // [num_batches][m] and [num_batches][n]; unused for method tf32
   Method method;                   // fp16 / tf32: every tile; automatic: the tiles this kernel owns
+  // automatic: set to 1 by the fp16 kernel when it leaves a tile to the tf32 kernel (launched after it),
+  // which returns at once while it is 0 instead of reading every tile's line ranges.
+  int* tf32_tiles_pending;
   // Split-K: blockIdx.y takes K elements [y * k_per_split, (y + 1) * k_per_split). With more than one split
   // the output starts zeroed and every chunk result is added with an fp32 atomic (no workspace).
   int k_splits;
@@ -461,6 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   const Method method = args.method;
+  if (M == Method::tf32 && method == Method::automatic && *args.tf32_tiles_pending == 0) return;
   std::int64_t m0, n0;
   tile_origin(m, n, m0, n0);
   const int warp = threadIdx.x / 32;
@@ -476,7 +480,10 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 
     // Line scales (fp16), and in auto mode whether this kernel owns the tile.
     const bool tile_fp16_safe = load_line_scales<M>(args, scales, z, m0, n0);
-    if (method == Method::automatic && tile_fp16_safe != (M == Method::fp16)) continue;
+    if (method == Method::automatic && tile_fp16_safe != (M == Method::fp16)) {
+      if (M == Method::fp16 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
+      continue;
+    }
 
     const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
@@ -734,10 +741,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   at::Tensor ranges;
   if (method != Method::tf32) {
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
-    // A's rows as [batch][m] first, then B's columns as [batch][n].
-    ranges = at::zeros({3, plan.batch, plan.m + plan.n}, a.options().dtype(at::kInt));  // see RangeArrays
-    int* base = ranges.data_ptr<int>();
+    // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending.
     const std::int64_t per = plan.batch * (plan.m + plan.n);
+    ranges = at::zeros({3 * per + 1}, a.options().dtype(at::kInt));  // see RangeArrays
+    int* base = ranges.data_ptr<int>();
+    args.tf32_tiles_pending = base + 3 * per;
     const std::int64_t a_block = plan.batch * plan.m;
     args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
     args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
