@@ -13,6 +13,7 @@ range (the CUDA-core path).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -70,6 +71,7 @@ def _launched_kernels(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+@functools.lru_cache(maxsize=None)
 def _has_sm90_gemm() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and any(
         "sm90" in name for name in _launched_kernels(

@@ -46,6 +46,14 @@ struct StageTile {
       return outer * kLd + inner;
     }
   }
+  // TMA: copies the tile whose first element is (inner0, outer0) of batch index z of `map` to dst, box by box.
+  __device__ static void tma_load(float* dst, const CUtensorMap* map, std::uint64_t* bar, int inner0, int outer0,
+                                  int z) {
+#pragma unroll
+    for (int box = 0; box < kBoxes; ++box) {
+      tma_load_3d(dst + box * kOuter * kBoxInner, map, bar, inner0 + box * kBoxInner, outer0, z);
+    }
+  }
 };
 
 // B's hi and lo tiles as wgmma reads them: K-major, no swizzle. A core matrix is 8 columns n x 8 consecutive
@@ -160,9 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kTma) smem += (1024 - smem_address(smem_raw) % 1024) % 1024;
   float* stage_a = reinterpret_cast<float*>(smem);
   float* stage_b = stage_a + kStages * A::kFloats;
-  // The ring slots of k-stage kt.
-  auto stage_a_of = [&](int kt) { return stage_a + (kt & (kStages - 1)) * A::kFloats; };
-  auto stage_b_of = [&](int kt) { return stage_b + (kt & (kStages - 1)) * B::kFloats; };
+  // The ring slot of k-stage kt, and its fp32 tiles.
+  auto slot_of = [](int kt) { return kt & (kStages - 1); };
+  auto stage_a_of = [&](int kt) { return stage_a + slot_of(kt) * A::kFloats; };
+  auto stage_b_of = [&](int kt) { return stage_b + slot_of(kt) * B::kFloats; };
   std::uint64_t* stage_full = reinterpret_cast<std::uint64_t*>(smem + Cfg::kBarrierOffset);  // TMA only
   std::uint32_t stage_phases = 0;  // TMA: bit s = parity of slot s's next completion
   if constexpr (kTma) {
@@ -212,19 +221,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
     // TMA: stage kt of this tile into slot kt % kStages (one thread).
     auto issue_tma_stage = [&](int kt) {
-      const int slot = kt & (kStages - 1);
+      std::uint64_t* full = stage_full + slot_of(kt);
       const int k0 = static_cast<int>(k_begin) + kt * kBlockK;
-      mbarrier_arrive_expect_tx(stage_full + slot, sizeof(float) * (A::kFloats + B::kFloats));
+      mbarrier_arrive_expect_tx(full, sizeof(float) * (A::kFloats + B::kFloats));
       const int za = maps.a_batched ? static_cast<int>(z) : 0, zb = maps.b_batched ? static_cast<int>(z) : 0;
-      tma_load_3d(stage_a + slot * A::kFloats, &maps.a, stage_full + slot, k0, static_cast<int>(m0), za);
-#pragma unroll
-      for (int box = 0; box < B::kBoxes; ++box) {
-        tma_load_3d(stage_b + slot * B::kFloats + box * B::kOuter * B::kBoxInner, &maps.b, stage_full + slot,
-                    static_cast<int>(n0) + box * B::kBoxInner, k0, zb);
-      }
+      // (inner, outer) coordinates: A as (k, m), B as (n, k).
+      A::tma_load(stage_a_of(kt), &maps.a, full, k0, static_cast<int>(m0), za);
+      B::tma_load(stage_b_of(kt), &maps.b, full, static_cast<int>(n0), k0, zb);
     };
     auto wait_tma_stage = [&](int kt) {
-      const int slot = kt & (kStages - 1);
+      const int slot = slot_of(kt);
       mbarrier_wait(stage_full + slot, (stage_phases >> slot) & 1u);
       stage_phases ^= 1u << slot;
     };

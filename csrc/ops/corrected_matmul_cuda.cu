@@ -59,7 +59,7 @@ template <> struct MethodTraits<Method::tf32> {
 
 // The workspace of the pre-pass: per row of A / column of B (and batch index), in three int arrays that
 // start as zeros (one memset) and are merged into with atomicMax / atomicOr: the largest exponent as
-// max_exp - kNoExponent and the smallest as kExponentBias - min_exp, both > 0 for every float exponent,
+// kExponentBias + max_exp and the smallest as kExponentBias - min_exp, both > 0 for every float exponent,
 // so 0 stands for "no finite non-zero element yet".
 struct RangeArrays {
   int* max_exp_code;
@@ -69,15 +69,19 @@ struct RangeArrays {
 
   __device__ void merge(std::int64_t i, const ExponentRange& r) const {
     if (r.max_exp != kNoExponent) {
-      atomicMax(max_exp_code + i, r.max_exp - kNoExponent);
+      atomicMax(max_exp_code + i, kExponentBias + r.max_exp);
       atomicMax(min_exp_code + i, kExponentBias - r.min_exp);
     }
     if (r.nonfinite) atomicOr(nonfinite + i, 1);
   }
   __device__ ExponentRange load(std::int64_t i) const {
     const int max_code = max_exp_code[i];
-    if (max_code == 0) return ExponentRange{kNoExponent, -kNoExponent, nonfinite[i] != 0};
-    return ExponentRange{max_code + kNoExponent, kExponentBias - min_exp_code[i], nonfinite[i] != 0};
+    if (max_code == 0) {
+      ExponentRange empty = empty_exponent_range();
+      empty.nonfinite = nonfinite[i] != 0;
+      return empty;
+    }
+    return ExponentRange{max_code - kExponentBias, kExponentBias - min_exp_code[i], nonfinite[i] != 0};
   }
 };
 
@@ -461,6 +465,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   auto split_a = [&](int buf, int part) { return split_base + (buf * 2 + part) * Cfg::kSplitA; };
   auto split_b = [&](int buf, int part) { return split_base + 4 * Cfg::kSplitA + (buf * 2 + part) * Cfg::kSplitB; };
   const LineScales scales(split_base + 4 * (Cfg::kSplitA + Cfg::kSplitB));
+  // The ring slots of k-stage kt.
+  auto stage_a_of = [&](int kt) { return stage_a + (kt & (kStages - 1)) * Cfg::kStageA; };
+  auto stage_b_of = [&](int kt) { return stage_b + (kt & (kStages - 1)) * Cfg::kStageB; };
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   const Method method = args.method;
@@ -489,13 +496,13 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
     auto issue_stage = [&](int kt) {
       issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, Cfg::kLdStageA, Cfg::kLdStageB>(
-          stage_a + (kt & (kStages - 1)) * Cfg::kStageA, stage_b + (kt & (kStages - 1)) * Cfg::kStageB, a, b, args,
-          m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK, k_end, a_vec4, b_vec4);
+          stage_a_of(kt), stage_b_of(kt), a, b, args, m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK, k_end,
+          a_vec4, b_vec4);
     };
     auto split = [&](int kt) {
       const int buf = kt & 1;
-      const float* sa = stage_a + (kt & (kStages - 1)) * Cfg::kStageA;
-      const float* sb = stage_b + (kt & (kStages - 1)) * Cfg::kStageB;
+      const float* sa = stage_a_of(kt);
+      const float* sb = stage_b_of(kt);
       // A's scaled lines are its rows (outer when row-major); B's are its columns (inner when row-major).
       split_stage<M, Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA, Cfg::kLdSplitA, !kARowMajor>(
           sa, split_a(buf, 0), split_a(buf, 1), scales.a_scale);
