@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -79,26 +80,36 @@ def _has_sm90_gemm() -> bool:
                                                  torch.ones(16, 16, device="cuda"), method="fp16")))
 
 
-def _strided_rows(gen, shape, row_stride: int, offset: int) -> torch.Tensor:
-    """N(0, 1) float32 of `shape` (..., rows, cols) with unit column stride, the given row stride and a
-    storage offset in elements."""
-    *batch, rows, _ = shape
-    storage = random_tensor(gen, (offset + math.prod(batch) * rows * row_stride,), "normal", "cuda")
-    batch_strides = [rows * row_stride * math.prod(batch[i + 1:]) for i in range(len(batch))]
-    return storage.as_strided(shape, (*batch_strides, row_stride, 1), offset)
+def _strided_matrix(gen, shape, line_stride: int, offset: int, col_major: bool) -> torch.Tensor:
+    """N(0, 1) float32 of `shape` (..., rows, cols) whose inner dimension (columns when row-major, rows when
+    column-major) is contiguous, lines `line_stride` elements apart, at a storage offset in elements."""
+    *batch, rows, cols = shape
+    lines = cols if col_major else rows
+    storage = random_tensor(gen, (offset + math.prod(batch) * lines * line_stride,), "normal", "cuda")
+    batch_strides = [lines * line_stride * math.prod(batch[i + 1:]) for i in range(len(batch))]
+    matrix_strides = (1, line_stride) if col_major else (line_stride, 1)
+    return storage.as_strided(shape, (*batch_strides, *matrix_strides), offset)
 
 
-# (a, b) as (shape, row stride, storage offset), and whether the wgmma kernel can take its stages by TMA:
-# row-major, 16-byte aligned start and strides, at most one batch dimension (broadcast allowed).
+# (a, b) as (shape, line stride, storage offset, column-major), and whether the wgmma kernel can take its
+# stages by TMA: inner dimension contiguous, 16-byte aligned start and line stride, at most one batch
+# dimension (broadcast allowed).
 TMA_CASES = {
-    "aligned": (((130, 72), 72, 0), ((72, 136), 136, 0), True),
-    "batched_a_broadcast_b": (((3, 130, 72), 76, 4), ((72, 136), 140, 8), True),
-    "broadcast_a_batched_b": (((130, 72), 72, 0), ((2, 72, 136), 136, 0), True),
-    "unaligned_start": (((130, 72), 72, 1), ((72, 136), 136, 0), False),
-    "row_stride_not_16_bytes": (((130, 72), 72, 0), ((72, 133), 133, 0), False),
+    "aligned": (((130, 72), 72, 0, False), ((72, 136), 136, 0, False), True),
+    "batched_a_broadcast_b": (((3, 130, 72), 76, 4, False), ((72, 136), 140, 8, False), True),
+    "broadcast_a_batched_b": (((130, 72), 72, 0, False), ((2, 72, 136), 136, 0, False), True),
+    "unaligned_start": (((130, 72), 72, 1, False), ((72, 136), 136, 0, False), False),
+    "row_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), False),
     # batch (2, 3) with a broadcast along the 3 and b along the 2: no single batch stride per operand
-    "two_batch_dims": (((2, 1, 130, 72), 72, 0), ((3, 72, 136), 136, 0), False),
+    "two_batch_dims": (((2, 1, 130, 72), 72, 0, False), ((3, 72, 136), 136, 0, False), False),
+    # column-major operands, as in the backward pass (a.t(), b.t()): partial boxes along m, n and k
+    "a_col": (((130, 72), 132, 0, True), ((72, 136), 136, 0, False), True),
+    "b_col": (((130, 72), 72, 0, False), ((72, 136), 76, 0, True), True),
+    "both_col_batched": (((2, 130, 72), 136, 4, True), ((2, 72, 136), 72, 0, True), True),
+    "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
+    "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
+TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true\b")
 
 
 @requires_cuda
@@ -107,9 +118,10 @@ TMA_CASES = {
 def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
     """TMA stages and cp.async stages give the same bits (same arithmetic, other copy engine), both correct,
     and the kernel takes TMA exactly where the operands allow it."""
-    (a_shape, a_rs, a_off), (b_shape, b_rs, b_off), eligible = TMA_CASES[case]
-    a = _strided_rows(gen, a_shape, a_rs, a_off)
-    b = _strided_rows(gen, b_shape, b_rs, b_off)
+    (*a_layout, a_col), (*b_layout, b_col), eligible = TMA_CASES[case]
+    a = _strided_matrix(gen, *a_layout, col_major=a_col)
+    b = _strided_matrix(gen, *b_layout, col_major=b_col)
+    assert (a.stride(-2) == 1) == a_col and (b.stride(-2) == 1) == b_col
     outs, kernels = {}, {}
     for tma in ("1", "0"):
         monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", tma)
@@ -121,9 +133,11 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
     assert_matmul_within_dot_product_bound(outs["1"], a.expand(*batch, *a.shape[-2:]),
                                            b.expand(*batch, *b.shape[-2:]), case)
     if _has_sm90_gemm():
-        tma_kernel = "corrected_gemm_sm90_kernel<true, true, true>"
-        assert any(tma_kernel in name for name in kernels["1"]) == eligible, kernels["1"]
-        assert not any(tma_kernel in name for name in kernels["0"]), kernels["0"]
+        assert any(TMA_KERNEL.search(name) for name in kernels["1"]) == eligible, kernels["1"]
+        assert not any(TMA_KERNEL.search(name) for name in kernels["0"]), kernels["0"]
+        if eligible:  # the instantiation of the operands' layouts
+            layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true"
+            assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}

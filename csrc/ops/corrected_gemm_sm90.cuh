@@ -2,7 +2,7 @@
 // the tile helpers and the cp.async stage loader). Same numerical scheme as the WMMA kernel, on wgmma:
 //
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
-//   (one thread, an mbarrier per slot) when both operands are row-major and TMA can read them in place
+//   (one thread, an mbarrier per slot) when TMA can read both operands in place, row- or column-major
 //   (kTma), else by cp.async from every thread.
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
@@ -144,11 +144,11 @@ struct Config {
   static_assert(kBarrierOffset % alignof(std::uint64_t) == 0, "mbarriers are 8-byte aligned");
   static_assert(kStageBytes % 128 == 0, "the hi/lo tiles start 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
-  static_assert(!kTma || (kARowMajor && kBRowMajor), "TMA stages: row-major A and B only");
 };
 
-// The TMA maps of A as (k, m, batch) and B as (n, k, batch), encoded on the host (encode_fp32_operand_map); an
-// operand without its own batch index (no batch, or broadcast) is read at batch coordinate 0.
+// The TMA maps of A and B as (inner, outer, batch) in their orientation in global memory (A: (k, m) when
+// row-major, (m, k) when column-major; B: (n, k) / (k, n)), encoded on the host (encode_fp32_operand_map);
+// an operand without its own batch index (no batch, or broadcast) is read at batch coordinate 0.
 struct TmaMaps {
   CUtensorMap a, b;
   bool a_batched, b_batched;
@@ -225,9 +225,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int k0 = static_cast<int>(k_begin) + kt * kBlockK;
       mbarrier_arrive_expect_tx(full, sizeof(float) * (A::kFloats + B::kFloats));
       const int za = maps.a_batched ? static_cast<int>(z) : 0, zb = maps.b_batched ? static_cast<int>(z) : 0;
-      // (inner, outer) coordinates: A as (k, m), B as (n, k).
-      A::tma_load(stage_a_of(kt), &maps.a, full, k0, static_cast<int>(m0), za);
-      B::tma_load(stage_b_of(kt), &maps.b, full, static_cast<int>(n0), k0, zb);
+      // (inner, outer) coordinates: A as (k, m) row-major, (m, k) column-major; B as (n, k) / (k, n).
+      const int m0i = static_cast<int>(m0), n0i = static_cast<int>(n0);
+      A::tma_load(stage_a_of(kt), &maps.a, full, kARowMajor ? k0 : m0i, kARowMajor ? m0i : k0, za);
+      B::tma_load(stage_b_of(kt), &maps.b, full, kBRowMajor ? n0i : k0, kBRowMajor ? k0 : n0i, zb);
     };
     auto wait_tma_stage = [&](int kt) {
       const int slot = slot_of(kt);

@@ -638,19 +638,30 @@ bool use_sm90_kernel() {
 }
 
 #ifdef WMMAE_HAS_SM90A
-// The wgmma kernel's fp32 stages come by TMA when both operands are row-major views TMA can read in place
-// and the batch has at most one dimension; otherwise by cp.async. TORCH_WMMAE_SM90_TMA=0 asks for cp.async
-// always (read on every call: tests and benchmarks compare both; the outputs are the same bits).
+// The wgmma kernel's fp32 stages come by TMA when TMA can read both operands in place (each in its own
+// orientation: the inner dimension contiguous, 16-byte aligned start and line stride) and the batch has at
+// most one dimension; otherwise by cp.async. TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (read on every
+// call: tests and benchmarks compare both; the outputs are the same bits).
+template <bool kARowMajor, bool kBRowMajor>
 bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
+  using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
   const char* env = std::getenv("TORCH_WMMAE_SM90_TMA");
   if (env != nullptr && std::string(env) == "0") return false;
-  if (args.a_ks != 1 || args.b_cs != 1 || args.batch.ndim > 1) return false;
+  if (args.batch.ndim > 1) return false;
+  // (inner stride, line stride) of each operand in its orientation.
+  const std::int64_t a_inner_stride = kARowMajor ? args.a_ks : args.a_rs;
+  const std::int64_t a_line_stride = kARowMajor ? args.a_rs : args.a_ks;
+  const std::int64_t b_inner_stride = kBRowMajor ? args.b_cs : args.b_ks;
+  const std::int64_t b_line_stride = kBRowMajor ? args.b_ks : args.b_cs;
+  if (a_inner_stride != 1 || b_inner_stride != 1) return false;
   const std::int64_t a_bs = args.batch.ndim == 1 ? args.batch.a_stride[0] : 0;
   const std::int64_t b_bs = args.batch.ndim == 1 ? args.batch.b_stride[0] : 0;
-  return sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, args.k, args.m, args.a_rs,
-                                       args.num_batches, a_bs, kBlockM) &&
-         sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, args.n, args.k, args.b_ks,
-                                       args.num_batches, b_bs, sm90::kBlockK);
+  return sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, kARowMajor ? args.k : args.m,
+                                       kARowMajor ? args.m : args.k, a_line_stride, args.num_batches, a_bs,
+                                       Cfg::A::kOuter) &&
+         sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
+                                       kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
+                                       Cfg::B::kOuter);
 }
 #endif
 
@@ -659,13 +670,11 @@ void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t st
   if (M == Method::fp16 && use_sm90_kernel()) {
 #ifdef WMMAE_HAS_SM90A
     sm90::TmaMaps maps{};
-    if constexpr (kARowMajor && kBRowMajor) {
-      if (tma_maps(args, &maps)) {
-        using Cfg = sm90::Config<true, true, true>;
-        launch_with_smem<sm90::corrected_gemm_sm90_kernel<true, true, true>>(Cfg::kSmemBytes, grid, stream, args,
-                                                                                 maps);
-        return;
-      }
+    if (tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
+      using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
+      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true>>(Cfg::kSmemBytes, grid,
+                                                                                       stream, args, maps);
+      return;
     }
     using Cfg = sm90::Config<kARowMajor, kBRowMajor, false>;
     launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, false>>(Cfg::kSmemBytes, grid, stream,
