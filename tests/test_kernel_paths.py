@@ -64,6 +64,25 @@ def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method
     assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
 
 
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_corrected_matmul_split_k_output_starts_from_garbage(gen, method):
+    """With split-K the GEMM adds into the output, which the pre-pass (fp16, auto) or a fill (tf32) zeroes
+    first: an output block that the caching allocator hands back full of NaN must not leak into the result."""
+    a = random_tensor(gen, (48, 2100), "normal", "cuda")
+    b = random_tensor(gen, (2100, 40), "normal", "cuda")
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    assert torch.ops.wmmae._corrected_matmul_grid(48, 40, 2100, 1, sms)[1] > 1, "the shape must split K"
+    poison = torch.full((48, 40), float("nan"), device="cuda")
+    address = poison.data_ptr()
+    del poison
+    out = torch_wmmae.corrected_matmul(a, b, method=method)
+    if out.data_ptr() != address:
+        pytest.skip("the caching allocator did not hand the poisoned block back (caching off?)")
+    assert_matmul_within_dot_product_bound(out, a, b, method)
+
+
 def _launched_kernels(fn) -> list[str]:
     """The names of the CUDA kernels that fn() launches."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

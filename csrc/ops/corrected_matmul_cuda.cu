@@ -1,7 +1,8 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
-//    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B).
+//    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
+//    output when K is split; one launch for all of it.
 // 2. GEMM: 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are read in place (row- or
 //    column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline of fp32 tiles; a
 //    split pass scales each value by its row's / column's power of two and splits it into hi and residual
@@ -146,57 +147,115 @@ __device__ inline ExponentRange warp_merge(ExponentRange r) {
   return r;
 }
 
-// Lines contiguous in memory (elem_stride == 1): a warp reduces kWarpSpan elements of one line. Batch
-// entries beyond the grid's z extent (65535) are taken in a grid-stride loop.
-__global__ void line_ranges_contiguous_kernel(LinesArgs args) {
-  constexpr int kWarpSpan = 1024;
+// Lines contiguous in memory (elem_stride == 1): warp `task` (of lines x chunks) reduces kWarpSpan
+// elements of one line.
+constexpr int kWarpSpan = 1024;
+__device__ void contiguous_line_ranges(const LinesArgs& args, std::int64_t task, std::int64_t z) {
   const std::int64_t chunks = (args.length + kWarpSpan - 1) / kWarpSpan;
-  const std::int64_t task = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (task >= args.lines * chunks) return;
   const std::int64_t line = task / chunks, chunk = task % chunks;
   const std::int64_t end = min(args.length, (chunk + 1) * kWarpSpan);
-  for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
-    std::int64_t a_off, b_off;
-    batch_offsets(args.batch, z, a_off, b_off);
-    const float* p = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
-    ExponentRange r = empty_exponent_range();
-    include_strided(r, p, chunk * kWarpSpan + (threadIdx.x % 32), end, 32);
-    r = warp_merge(r);
-    if (threadIdx.x % 32 == 0) args.out.merge(z * args.lines + line, r);
-  }
+  std::int64_t a_off, b_off;
+  batch_offsets(args.batch, z, a_off, b_off);
+  const float* p = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
+  ExponentRange r = empty_exponent_range();
+  include_strided(r, p, chunk * kWarpSpan + (threadIdx.x % 32), end, 32);
+  r = warp_merge(r);
+  if (threadIdx.x % 32 == 0) args.out.merge(z * args.lines + line, r);
 }
 
 // Strided lines: consecutive threads take consecutive lines (coalesced when line_stride == 1), kChunk
-// elements of a line each; grid-stride loops over chunks (y) and batch entries (z).
-__global__ void line_ranges_strided_kernel(LinesArgs args) {
-  const std::int64_t line = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// elements of a line each, chunks chunk0, chunk0 + chunk_step, ...
+__device__ void strided_line_ranges(const LinesArgs& args, std::int64_t line, std::int64_t chunk0,
+                                    std::int64_t chunk_step, std::int64_t z) {
   if (line >= args.lines) return;
-  for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
-    std::int64_t a_off, b_off;
-    batch_offsets(args.batch, z, a_off, b_off);
-    const float* base = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
-    for (std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * kChunk; begin < args.length;
-         begin += static_cast<std::int64_t>(gridDim.y) * kChunk) {
-      const std::int64_t end = min(args.length, begin + kChunk);
-      ExponentRange r = empty_exponent_range();
-      include_strided(r, base, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
-      args.out.merge(z * args.lines + line, r);
+  std::int64_t a_off, b_off;
+  batch_offsets(args.batch, z, a_off, b_off);
+  const float* base = args.base + (args.use_b_strides ? b_off : a_off) + line * args.line_stride;
+  for (std::int64_t begin = chunk0 * kChunk; begin < args.length; begin += chunk_step * kChunk) {
+    const std::int64_t end = min(args.length, begin + kChunk);
+    ExponentRange r = empty_exponent_range();
+    include_strided(r, base, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
+    args.out.merge(z * args.lines + line, r);
+  }
+}
+
+// The whole pre-pass of a call in one launch (each kernel boundary costs a few microseconds, which small
+// problems feel): blocks [0, blocks[0]) take A's rows, the next blocks[1] B's columns, the rest zero the
+// output when K is split (the GEMM adds its partial sums into it). Batch entries beyond the grid's z
+// extent are taken in a grid-stride loop.
+constexpr int kPrepassThreads = 256;
+struct PrepassArgs {
+  LinesArgs lines[2];          // A's rows, B's columns
+  std::int64_t blocks[2];      // blocks per operand (0: none)
+  std::int64_t line_blocks[2];  // strided lines: blocks across the lines (the rest of blocks[i] along them)
+  float* zero;                 // the output to zero, or null
+  std::int64_t zero_count;
+};
+
+// Block `block` of the blocks that one operand's lines take (line_blocks: see PrepassArgs).
+__device__ void operand_line_ranges(const LinesArgs& lines, std::int64_t block, std::int64_t blocks,
+                                    std::int64_t line_blocks) {
+  for (std::int64_t z = blockIdx.z; z < lines.num_batches; z += gridDim.z) {
+    if (lines.elem_stride == 1) {
+      contiguous_line_ranges(lines, block * (kPrepassThreads / 32) + threadIdx.x / 32, z);
+    } else {
+      strided_line_ranges(lines, block % line_blocks * kPrepassThreads + threadIdx.x, block / line_blocks,
+                          blocks / line_blocks, z);
     }
   }
 }
 
-void launch_line_ranges(const LinesArgs& args, cudaStream_t stream) {
-  if (args.lines == 0 || args.length == 0) return;
-  const unsigned z = static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ));
-  if (args.elem_stride == 1) {
-    const std::int64_t tasks = args.lines * ((args.length + 1023) / 1024);
-    const dim3 grid(static_cast<unsigned>((tasks + 7) / 8), 1, z);
-    line_ranges_contiguous_kernel<<<grid, 256, 0, stream>>>(args);
-  } else {
-    const dim3 grid(static_cast<unsigned>((args.lines + 255) / 256),
-                    static_cast<unsigned>(std::min((args.length + kChunk - 1) / kChunk, kMaxGridYZ)), z);
-    line_ranges_strided_kernel<<<grid, 256, 0, stream>>>(args);
+__global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(PrepassArgs args) {
+  std::int64_t block = blockIdx.x;
+  if (block < args.blocks[0]) return operand_line_ranges(args.lines[0], block, args.blocks[0], args.line_blocks[0]);
+  block -= args.blocks[0];
+  if (block < args.blocks[1]) return operand_line_ranges(args.lines[1], block, args.blocks[1], args.line_blocks[1]);
+  block -= args.blocks[1];
+  // Zeroing: the remaining blocks of every z slice, grid-stride.
+  const std::int64_t zero_blocks = gridDim.x - args.blocks[0] - args.blocks[1];
+  const std::int64_t stride = zero_blocks * gridDim.z * kPrepassThreads;
+  for (std::int64_t e = (blockIdx.z * zero_blocks + block) * kPrepassThreads + threadIdx.x; e < args.zero_count;
+       e += stride) {
+    args.zero[e] = 0.0f;
   }
+}
+
+// Blocks that one operand's lines take in prepass_kernel; line_blocks: see PrepassArgs.
+std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_blocks) {
+  *line_blocks = 1;
+  if (lines.lines == 0 || lines.length == 0) return 0;
+  if (lines.elem_stride == 1) {
+    const std::int64_t tasks = lines.lines * ((lines.length + kWarpSpan - 1) / kWarpSpan);
+    return (tasks + kPrepassThreads / 32 - 1) / (kPrepassThreads / 32);
+  }
+  *line_blocks = (lines.lines + kPrepassThreads - 1) / kPrepassThreads;
+  return *line_blocks * std::min((lines.length + kChunk - 1) / kChunk, kMaxGridYZ);
+}
+
+// Launches the pre-pass: the line ranges of a and b (either may have no lines) and the zeroing of `zero`
+// (zero_count floats; none when null).
+void launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::int64_t zero_count, int sm_count,
+                    cudaStream_t stream) {
+  PrepassArgs args{};
+  args.lines[0] = a;
+  args.lines[1] = b;
+  args.blocks[0] = prepass_blocks(a, &args.line_blocks[0]);
+  args.blocks[1] = prepass_blocks(b, &args.line_blocks[1]);
+  args.zero = zero;
+  args.zero_count = zero == nullptr ? 0 : zero_count;
+  const std::int64_t slots = std::min(std::max(a.num_batches, b.num_batches), kMaxGridYZ);
+  // Enough zeroing blocks to stream the output at full speed, a few per SM, spread over the z slices.
+  const std::int64_t zero_blocks =
+      args.zero_count == 0 ? 0
+                           : std::max<std::int64_t>(1, std::min<std::int64_t>(
+                                 (args.zero_count + 4 * kPrepassThreads - 1) / (4 * kPrepassThreads),
+                                 std::int64_t{sm_count} * 8) / slots);
+  const std::int64_t blocks = args.blocks[0] + args.blocks[1] + zero_blocks;
+  if (blocks == 0) return;
+  TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: the operands have too many lines");
+  prepass_kernel<<<dim3(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(slots)), kPrepassThreads, 0, stream>>>(
+      args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -753,7 +812,9 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
                                        at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
-  if (args.k_splits > 1) out.zero_();
+  // With split-K the GEMM adds into the output: the pre-pass zeroes it (tf32 has no pre-pass).
+  const bool zero_output = args.k_splits > 1;
+  if (zero_output && method == Method::tf32) out.zero_();
   at::Tensor ranges;
   if (method != Method::tf32) {
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
@@ -767,8 +828,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
     const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
     const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
-    launch_line_ranges(a_lines, stream);
-    launch_line_ranges(b_lines, stream);
+    launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(),
+                   at::cuda::getCurrentDeviceProperties()->multiProcessorCount, stream);
   }
   if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream);
   if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream);
