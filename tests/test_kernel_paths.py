@@ -128,7 +128,7 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
-TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true\b")
+TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true>")
 
 
 @requires_cuda
@@ -155,7 +155,7 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         assert any(TMA_KERNEL.search(name) for name in kernels["1"]) == eligible, kernels["1"]
         assert not any(TMA_KERNEL.search(name) for name in kernels["0"]), kernels["0"]
         if eligible:  # the instantiation of the operands' layouts
-            layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true"
+            layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true>"
             assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 

@@ -230,6 +230,8 @@ std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_blocks) {
     return (tasks + kPrepassThreads / 32 - 1) / (kPrepassThreads / 32);
   }
   *line_blocks = (lines.lines + kPrepassThreads - 1) / kPrepassThreads;
+  // At most 65535 blocks along the lines (the rest in strided_line_ranges' loop), as when they were a grid's
+  // y extent: it bounds the grid for very long lines.
   return *line_blocks * std::min((lines.length + kChunk - 1) / kChunk, kMaxGridYZ);
 }
 
@@ -808,8 +810,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.method = method;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch,
-                                       at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count);
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
   // With split-K the GEMM adds into the output: the pre-pass zeroes it (tf32 has no pre-pass).
@@ -828,8 +830,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
     const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
     const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
-    launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(),
-                   at::cuda::getCurrentDeviceProperties()->multiProcessorCount, stream);
+    launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
   }
   if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream);
   if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream);
