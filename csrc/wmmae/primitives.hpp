@@ -132,6 +132,15 @@ __device__ __forceinline__ void make_identity(Frag& frag, float alpha) {
   foreach_ij(frag, [&](auto xs, int i, int j) { assign(frag, xs, i == j ? diagonal : zero); });
 }
 
+// v * scale as an S; a plain copy when no conversion is needed (no round trip through float).
+template <class S, class T>
+__device__ __forceinline__ S scaled(T v, float scale) {
+  if constexpr (std::is_same<S, T>::value) {
+    if (scale == 1.0f) return v;
+  }
+  return convert<S>(to_float(v) * scale);
+}
+
 // Where a vector goes in a tile: its first column (element i at (i, 0)) or its first row (at (0, i)).
 enum class VectorAs { column0, row0 };
 
@@ -152,7 +161,7 @@ __device__ __forceinline__ void load_vector(Frag& frag, const T* ptr, int count,
     const int along = Placement == VectorAs::column0 ? i : j;
     const int across = Placement == VectorAs::column0 ? j : i;
     S value = zero;
-    if (across == 0 && along < count) value = convert<S>(to_float(ptr[along * stride]) * scale);
+    if (across == 0 && along < count) value = scaled<S>(ptr[along * stride], scale);
     assign(frag, xs, value);
   });
 }
