@@ -7,8 +7,9 @@
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
 //   so A's hi/lo never touch shared memory.
-// - B is split by all threads into hi/lo tiles in shared memory in the K-major core-matrix layout wgmma
-//   reads (no swizzle: 8x8 core matrices of 128 bytes), one stage ahead of the products.
+// - B is split by all threads into hi/lo tiles in shared memory in a core-matrix layout wgmma reads (no
+//   swizzle: 8x8 core matrices of 128 bytes; K-major, or MN-major for row-major B in TMA stages, which wgmma
+//   transposes), one stage ahead of the products.
 // - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma), added to the fp32 sum
 //   outside the tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction
 //   accumulator. All asynchronous, while the next stage of B is split; the last correction products of a
@@ -56,16 +57,20 @@ struct StageTile {
   }
 };
 
-// B's hi and lo tiles as wgmma reads them: K-major, no swizzle. A core matrix is 8 columns n x 8 consecutive
-// k (16 bytes per column, 128 bytes); core matrices adjacent in n are kSbo apart, adjacent in k kLbo apart.
+// B's hi and lo tiles as wgmma reads them, no swizzle: 8x8 core matrices of 128 bytes; core matrices
+// adjacent in n are kSbo apart, adjacent in k kLbo apart. Inside a core matrix, in B's orientation in global
+// memory, so that the split reads and writes runs of the same direction: K-major (B column-major: 8 columns
+// n of 8 consecutive k) or MN-major (B row-major: 8 rows k of 8 consecutive n; wgmma transposes it).
 constexpr int kCoreBytes = 128;
 constexpr int kSbo = kCoreBytes;
 constexpr int kLbo = kBlockN / 8 * kCoreBytes;
 constexpr int kSplitTileBytes = kBlockK / 8 * kLbo;
 constexpr int kSplitBuffers = 3;  // B's hi/lo tiles: written one stage ahead, read until a stage later
 
+template <bool kMnMajor>
 __device__ __forceinline__ int split_offset(int n, int k) {
-  return k / 8 * kLbo + n / 8 * kSbo + n % 8 * 16 + k % 8 * 2;
+  const int in_core = kMnMajor ? k % 8 * 16 + n % 8 * 2 : n % 8 * 16 + k % 8 * 2;
+  return k / 8 * kLbo + n / 8 * kSbo + in_core;
 }
 
 // Shared-memory matrix descriptor: start address, leading (k) and stride (n) byte offsets, in 16-byte units;
@@ -106,8 +111,9 @@ __device__ __forceinline__ void fence_registers(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// d (+)= a * b: a 64x16 fp16 fragment in registers, b 16x128 fp16 in shared memory (descriptor), d 64x128
-// fp32 in registers. accumulate == 0: d = a * b.
+// d (+)= a * b: a 64x16 fp16 fragment in registers, b 16x128 fp16 in shared memory (descriptor; kTransB:
+// MN-major core matrices), d 64x128 fp32 in registers. accumulate == 0: d = a * b.
+template <bool kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b,
                                                  int accumulate) {
 #ifdef WMMAE_SM90A_DEVICE
@@ -118,7 +124,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
+      "}, {%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -127,7 +133,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
 
@@ -160,6 +166,9 @@ template <bool kARowMajor, bool kBRowMajor, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
     corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
 #ifdef WMMAE_SM90A_DEVICE
+  // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
+  // stages the K-major split measured faster (MN-major 4-8% slower).
+  constexpr bool kBMnMajor = kBRowMajor && kTma;
   using Cfg = Config<kARowMajor, kBRowMajor, kTma>;
   using A = typename Cfg::A;
   using B = typename Cfg::B;
@@ -200,6 +209,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int split_ln = lane % 8, split_kp = lane / 8;
   auto b_split_col = [&](int h) { return 64 * h + 8 * warp + split_ln; };
   auto b_split_k = [&](int kc) { return 8 * kc + 2 * split_kp; };
+  // MN-major split: warp w converts columns 16 w .. 16 w + 15; lane = 8 q + r takes the four columns from
+  // b_mn_col = 16 w + 4 q in rows k = 8 kc + r (one 16-byte chunk per load: 8 lanes read 8 rows, which the
+  // 128-byte swizzle puts in 8 different bank groups; each half warp's 8-byte stores fill one core matrix).
+  const int b_mn_col = 16 * warp + 4 * (lane / 8), b_mn_row = lane % 8;
 
   for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
     std::int64_t a_off, b_off;
@@ -215,7 +228,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       continue;
     }
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
-    const float b_scale[2] = {scales.b_scale[b_split_col(0)], scales.b_scale[b_split_col(1)]};
+    float b_scale[4];
+    if constexpr (kBMnMajor) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) b_scale[e] = scales.b_scale[b_mn_col + e];
+    } else {
+      b_scale[0] = scales.b_scale[b_split_col(0)];
+      b_scale[1] = scales.b_scale[b_split_col(1)];
+    }
 
     const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
@@ -246,6 +266,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       unsigned char* lo = split_tile(kt % kSplitBuffers, 1);
       // All loads first: the compiler cannot tell the stage from the hi/lo tiles, so a load written after
       // a store would wait for it, and each load's latency would be paid one after the other.
+      if constexpr (kBMnMajor) {
+        static_assert(kBRowMajor, "MN-major hi/lo tiles are split from a row-major stage");
+        constexpr int kRowGroups = kBlockK / 8;
+        float4 q[kRowGroups];
+#pragma unroll
+        for (int kc = 0; kc < kRowGroups; ++kc) {
+          q[kc] = *reinterpret_cast<const float4*>(src + B::offset(8 * kc + b_mn_row, b_mn_col));
+        }
+#pragma unroll
+        for (int kc = 0; kc < kRowGroups; ++kc) {
+          __half2 h01, l01, h23, l23;
+          wmmae::split_fp16x2(q[kc].x * b_scale[0], q[kc].y * b_scale[1], h01, l01);
+          wmmae::split_fp16x2(q[kc].z * b_scale[2], q[kc].w * b_scale[3], h23, l23);
+          const int off = split_offset<true>(b_mn_col, 8 * kc + b_mn_row);
+          *reinterpret_cast<uint2*>(hi + off) = make_uint2(half2_bits(h01), half2_bits(h23));
+          *reinterpret_cast<uint2*>(lo + off) = make_uint2(half2_bits(l01), half2_bits(l23));
+        }
+        fence_proxy_async();  // wgmma reads these tiles after the next barrier
+        return;
+      }
       constexpr int kPairs = kBlockK / 8;
       float2 v[2][kPairs];
 #pragma unroll
@@ -266,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kc = 0; kc < kPairs; ++kc) {
           __half2 h2, l2;
           wmmae::split_fp16x2(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
-          const int off = split_offset(b_split_col(h), b_split_k(kc));
+          const int off = split_offset<false>(b_split_col(h), b_split_k(kc));
           *reinterpret_cast<__half2*>(hi + off) = h2;
           *reinterpret_cast<__half2*>(lo + off) = l2;
         }
@@ -365,10 +405,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per 16 k
         split_a(a_next, a_hi[0], a_lo[0]);
         wgmma_fence();
-        wgmma_m64n128k16(hh, a_hi[0], b_hi, 0);
+        wgmma_m64n128k16<kBMnMajor>(hh, a_hi[0], b_hi, 0);
         wgmma_commit();
-        wgmma_m64n128k16(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
-        wgmma_m64n128k16(corr, a_hi[0], b_lo, 1);
+        wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
+        wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
         wgmma_commit();
         wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
         add_hi_products();
@@ -381,10 +421,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         split_a(a_step1, a_hi[1], a_lo[1]);
         wgmma_fence();
-        wgmma_m64n128k16(hh, a_hi[1], b_hi + kStepDesc, 0);
+        wgmma_m64n128k16<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc, 0);
         wgmma_commit();
-        wgmma_m64n128k16(corr, a_lo[1], b_hi + kStepDesc, 1);
-        wgmma_m64n128k16(corr, a_hi[1], b_lo + kStepDesc, 1);
+        wgmma_m64n128k16<kBMnMajor>(corr, a_lo[1], b_hi + kStepDesc, 1);
+        wgmma_m64n128k16<kBMnMajor>(corr, a_hi[1], b_lo + kStepDesc, 1);
         wgmma_commit();
         wgmma_wait<1>();  // G3 is done
         add_hi_products();
