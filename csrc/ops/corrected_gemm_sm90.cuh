@@ -267,7 +267,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // All loads first: the compiler cannot tell the stage from the hi/lo tiles, so a load written after
       // a store would wait for it, and each load's latency would be paid one after the other.
       if constexpr (kBMnMajor) {
-        static_assert(kBRowMajor, "MN-major hi/lo tiles are split from a row-major stage");
         constexpr int kRowGroups = kBlockK / 8;
         float4 q[kRowGroups];
 #pragma unroll
@@ -280,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           wmmae::split_fp16x2(q[kc].x * b_scale[0], q[kc].y * b_scale[1], h01, l01);
           wmmae::split_fp16x2(q[kc].z * b_scale[2], q[kc].w * b_scale[3], h23, l23);
           const int off = split_offset<true>(b_mn_col, 8 * kc + b_mn_row);
-          *reinterpret_cast<uint2*>(hi + off) = make_uint2(half2_bits(h01), half2_bits(h23));
-          *reinterpret_cast<uint2*>(lo + off) = make_uint2(half2_bits(l01), half2_bits(l23));
+          *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
+          *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
         }
         fence_proxy_async();  // wgmma reads these tiles after the next barrier
         return;

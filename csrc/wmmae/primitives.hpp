@@ -172,7 +172,7 @@ __device__ __forceinline__ void store_vector(T* ptr, const Frag& frag, int count
   foreach_ij(frag, [&](auto xs, int i, int j) {
     const int along = Placement == VectorAs::column0 ? i : j;
     const int across = Placement == VectorAs::column0 ? j : i;
-    if (across == 0 && along < count) ptr[along] = convert<T>(to_float(frag.x[xs.first]) * scale);
+    if (across == 0 && along < count) ptr[along] = scaled<T>(frag.x[xs.first], scale);
   });
 }
 
