@@ -23,6 +23,7 @@ enum Check {
   kStoreWithOp,         // store_matrix_with_op (bounded) == store_matrix_sync (accumulators)
   kMultiLoad,           // load_matrices_with_op into two fragments == two single loads
   kRowQuads,            // foreach_row_quad covers every element once, == store_matrix_sync (accumulators)
+  kStoreVector,         // store_vector (first column, first row, scaled) == the tile's elements, nothing past count
   kNumChecks
 };
 
@@ -155,6 +156,28 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     load_ref(ref, tile, kLd);
     wmmae::load_vector(got, static_cast<const Mem*>(src), count, 1.0f, 3);
     err[kLoadVector] += count_mismatch(ref, got);
+  }
+
+  // store_vector: the first column (unscaled: the plain-copy path) and the first row (scaled by 2: the
+  // converting path) of a fragment loaded from a random tile; the slots past `count` keep their sentinel.
+  {
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) tile[idx] = value_at<Mem>(seed + 2, idx);
+    Mem* column = odd;
+    Mem* row = odd + kLd;
+    const Mem sentinel = from_int<Mem>(99);
+    for (int idx = lane; idx < 2 * kLd; idx += 32) odd[idx] = sentinel;
+    __syncwarp();
+    load_ref(ref, tile, kLd);
+    const int column_count = R - 1, row_count = C - 3;
+    wmmae::store_vector<Frag, Mem, wmmae::VectorAs::column0>(column, ref, column_count);
+    wmmae::store_vector<Frag, Mem, wmmae::VectorAs::row0>(row, ref, row_count, 2.0f);
+    __syncwarp();
+    for (int e = lane; e < kLd; e += 32) {
+      const float column_expected = e < column_count ? as_float(tile[at(e, 0)]) : 99.0f;
+      const float row_expected = e < row_count ? 2.0f * as_float(tile[at(0, e)]) : 99.0f;
+      err[kStoreVector] += (as_float(column[e]) != column_expected) + (as_float(row[e]) != row_expected);
+    }
   }
 
   // make_identity == alpha * I loaded from memory.
