@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs NVIDIA compute-sanitizer over the CUDA tests, one tool after the other (issue #6):
-#   compute-sanitizer --tool TOOL --error-exitcode 1 --print-limit 100 --target-processes all \
+#   compute-sanitizer --tool TOOL --error-exitcode 1 --print-limit 100 --target-processes all --show-backtrace yes|no \
 #       python -m pytest -q -x <selection>
 # and writes, into $OUT (default ./sanitizer_out), one log per tool (sanitize_TOOL.log) and summary.md
 # (tool, tests run, errors reported, exit code, duration, GPU).
@@ -8,6 +8,7 @@
 #   bash tools/sanitize.sh                         # every tool, default selections
 #   SANITIZE_TOOLS=memcheck bash tools/sanitize.sh # one tool (racecheck and initcheck are much slower)
 #   bash tools/sanitize.sh tests/test_batched_outer.py -k fp16   # extra pytest arguments, appended
+#   SANITIZE_COMMAND="build/cpp/test_cpp_api" bash tools/sanitize.sh   # a program instead of pytest
 #
 # Environment:
 #   SANITIZE_TOOLS              tools, in order (default: "memcheck synccheck racecheck initcheck")
@@ -17,6 +18,10 @@
 #   SANITIZE_EXTRA_ARGS         more compute-sanitizer arguments (e.g. "--leak-check full")
 #   SANITIZE_COMMIT             the commit to name in the summary (default: git rev-parse HEAD)
 #   SANITIZE_ALLOCATOR          uncached (default) or caching (see below)
+#   SANITIZE_BACKTRACE          compute-sanitizer's --show-backtrace: yes by default, no with the caching
+#                               allocator (see below)
+#   SANITIZE_COMMAND            a command (shell words) to run under each tool instead of pytest, e.g. the C++
+#                               API test program that tests/test_cpp_api.py builds (build it first)
 #   TORCH_WMMAE_HYPOTHESIS_EXAMPLES  examples of tests/test_fuzz_batched_outer.py (default here: 5)
 #   TORCH_WMMAE_STRESS_CALLS    calls of tests/test_stress.py when selected (default here: 100)
 # The package must be built with its CUDA kernels first (e.g. bash tools/gpu_session.sh build).
@@ -43,8 +48,16 @@ SLOW='tests/test_kernel_paths.py tests/test_batched_outer.py tests/test_fragment
 # caching allocator an allocation during capture is a cudaMalloc, which capture forbids.
 # SANITIZE_ALLOCATOR=caching keeps PyTorch's caching allocator instead, for the torch.compile and CUDA-graph
 # tests (memcheck then sees overruns only past the end of a cached block).
+# With backtraces on, compute-sanitizer keeps the Python frames of every kernel launch alive (torch's own
+# launches too: measured on an H200 with torch.mm and torch.cuda._sleep, 1-2 frames per call, none with
+# --show-backtrace no or without the sanitizer), and with them the tensors those frames refer to. Under the
+# caching allocator that shows up as memory_allocated growing and as CUDA-graph trees finding tensors alive
+# in their pool, so backtraces are off there; a report then names the kernel but not its host call stack.
 if [ "${SANITIZE_ALLOCATOR:-uncached}" != caching ]; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  BACKTRACE=${SANITIZE_BACKTRACE:-yes}
+else
+  BACKTRACE=${SANITIZE_BACKTRACE:-no}
 fi
 export TORCH_WMMAE_HYPOTHESIS_EXAMPLES=${TORCH_WMMAE_HYPOTHESIS_EXAMPLES:-5}
 export TORCH_WMMAE_STRESS_CALLS=${TORCH_WMMAE_STRESS_CALLS:-100}
@@ -80,22 +93,29 @@ for tool in $TOOLS; do
   esac
   selection=${!sel_var:-${SANITIZE_SELECTION:-$default_sel}}
   limit=${!time_var:-$DEFAULT_TIMEOUT}
-  sel_words=()
-  eval "sel_words=($selection)"
+  cmd_words=()
+  if [ -n "${SANITIZE_COMMAND:-}" ]; then
+    eval "cmd_words=($SANITIZE_COMMAND)"
+    selection="$SANITIZE_COMMAND"
+  else
+    eval "cmd_words=(python -m pytest -q -x -p no:cacheprovider $selection)"
+  fi
   log="$OUT_DIR/sanitize_$tool.log"
-  echo "== $tool (timeout ${limit}s): pytest ${selection} $*"
+  echo "== $tool (timeout ${limit}s): ${cmd_words[*]} $*"
   start=$(date +%s)
   # shellcheck disable=SC2086  # SANITIZE_EXTRA_ARGS is a list of words
   timeout --signal=INT --kill-after=60 "$limit" \
-    "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 100 --target-processes all ${SANITIZE_EXTRA_ARGS:-} \
-    python -m pytest -q -x -p no:cacheprovider "${sel_words[@]}" "$@" > "$log" 2>&1
+    "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 100 --target-processes all --show-backtrace "$BACKTRACE" ${SANITIZE_EXTRA_ARGS:-} \
+    "${cmd_words[@]}" "$@" > "$log" 2>&1
   rc=$?
   duration=$(( $(date +%s) - start ))
   # One "ERROR SUMMARY: N errors" line per sanitized process.
   errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | awk '{s += $3} END {print s + 0}')
   tests=$(grep -E '^(=+ )?([0-9]+ (passed|failed|skipped|deselected|xfailed|xpassed|errors?)|no tests ran).* in [0-9.]+s' "$log" \
           | tail -1 | sed -E 's/^=+ //; s/ =+$//')
-  [ -z "$tests" ] && tests="(no pytest summary)"
+  # A program's own "N passed, N failed" line (the C++ API test) where there is no pytest summary.
+  [ -z "$tests" ] && tests=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+  [ -z "$tests" ] && tests="(no test summary)"
   case $rc in
     0) verdict="$rc" ;;
     124|137) verdict="$rc (timed out after ${limit}s)" ;;
