@@ -2,9 +2,10 @@
 float64 reference: the suite that compute-sanitizer's slow tools (racecheck, initcheck) can run whole
 (tools/sanitize.sh). On the CPU the same calls check the reference kernels.
 
-corrected_matmul: GEMM kernel family (default; on H100/H200 without TMA; portable WMMA) x method (fp16, tf32, auto) x layout of a and b (row- or column-major, which picks both the
-GEMM instantiation and the exponent pre-pass kernel) x split-K (allowed, or off in deterministic mode), on a
-problem of one output tile with K = 2100 (two accumulation chunks and a partial one), plus partial tiles
+corrected_matmul: GEMM kernel family (default; on H100/H200 without TMA; portable WMMA) x method (fp16,
+tf32, auto) x layout of a and b (row- or column-major, which picks both the GEMM instantiation and the
+exponent pre-pass's path: contiguous or strided lines) x split-K (allowed, or off in deterministic mode), on
+a problem of one output tile with K = 2100 (two accumulation chunks and a partial one), plus partial tiles
 with broadcast batch dimensions.
 batched_outer: input dtype x output dtype x n (16: direct tiles and several items per unit; 48 and 100:
 staged output bands, 100 with partial tiles; 300: several slices per vector) x aligned inputs (asynchronous
