@@ -160,6 +160,36 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
             assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 
+def _with_large_element_per_line(t: torch.Tensor, lines_dim: int) -> torch.Tensor:
+    """t (a view) with one element of each line along `lines_dim` (a row of a, a column of b) scaled by 2^40,
+    at a position along K that moves with the line, the last line's at the end of K: a pre-pass that skipped
+    any line or chunk of one would leave that line's fp16 scale too large, and the product would overflow."""
+    lines, k = t.shape[lines_dim], t.shape[1 - lines_dim]
+    line = torch.arange(lines, device=t.device)
+    kk = (line * 37 + 5) % k
+    kk[-1] = k - 1
+    t[(line, kk) if lines_dim == 0 else (kk, line)] *= 2.0**40
+    return t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("operand", ["b_columns", "a_rows"])
+def test_corrected_matmul_prepass_reads_every_element(device, gen, method, operand):
+    """The exponent pre-pass over strided lines (columns of row-major b, rows of column-major a; 1023 and 52
+    of them: partial blocks of lines, K = 2100: a partial chunk per line) must count every element, or its
+    line's fp16 scale is wrong and the product overflows."""
+    if operand == "b_columns":
+        a = random_tensor(gen, (48, 2100), "normal", device)
+        b = _with_large_element_per_line(random_tensor(gen, (2100, 1023), "normal", device), 1)
+    else:
+        a = _with_large_element_per_line(random_tensor(gen, (2100, 52), "normal", device).t(), 0)
+        b = random_tensor(gen, (2100, 40), "normal", device)
+    out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert torch.isfinite(out).all()
+    assert_matmul_within_dot_product_bound(out, a, b, f"{operand} {method}")
+
+
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 OUT_DTYPES = {"out_f32": torch.float32, "out_f16": torch.float16, "out_bf16": torch.bfloat16}
 
