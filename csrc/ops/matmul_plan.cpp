@@ -77,9 +77,15 @@ namespace {
 // K elements per split when K is cut into `splits` parts: whole 32-wide k-stages.
 std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) / splits + 31) / 32 * 32; }
 
-// The number of splits that maximizes the busy fraction of the last wave of `blocks` blocks, discounted
-// by the per-block prologue and epilogue (about three 32-wide stages). Off in deterministic mode: the
-// fp32 atomics that combine the splits make the last bits depend on their order.
+// The number of splits that minimizes waves x (k per split + kBlockOverheadK): the busy fraction of the
+// last wave of `blocks` blocks, discounted by what a block costs besides its k-stages. That cost is fitted to
+// measurements (H200, M = 128, K = 4096, 17 values of N from 1024 to 45120, every split count from 1 to 16;
+// benchmarks/NOTES.md), not derived: it stands for the pipeline fill, the chunk flushes and whatever else a
+// short block does not amortize. With the 96 k assumed before, a shape whose tiles nearly fill one wave was
+// split into several short waves: N = 14400 took 405 us split 7 ways against 301 us unsplit, N = 45120 981
+// against 691 us. With 1024, every measured shape runs within 9% of its best split count (mean 1.5%).
+// Off in deterministic mode: the fp32 atomics that combine the splits make the last bits depend on their order.
+constexpr std::int64_t kBlockOverheadK = 1024;
 int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
   if (at::globalContext().deterministicAlgorithms() || blocks >= 4 * static_cast<std::int64_t>(sms)) return 1;
   int best = 1;
@@ -90,7 +96,7 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
     const std::int64_t total = blocks * s;
     const std::int64_t waves = (total + sms - 1) / sms;
     const double score = static_cast<double>(total) / static_cast<double>(waves * sms) *
-                         static_cast<double>(k_per) / static_cast<double>(k_per + 96);
+                         static_cast<double>(k_per) / static_cast<double>(k_per + kBlockOverheadK);
     if (score > best_score * 1.02) {  // more splits only for a clear gain
       best = s;
       best_score = score;
