@@ -129,7 +129,7 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
-TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true>")
+TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false)>")
 
 
 @requires_cuda
@@ -156,8 +156,34 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         assert any(TMA_KERNEL.search(name) for name in kernels["1"]) == eligible, kernels["1"]
         assert not any(TMA_KERNEL.search(name) for name in kernels["0"]), kernels["0"]
         if eligible:  # the instantiation of the operands' layouts
-            layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true>"
+            layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
             assert any(layout in name for name in kernels["1"]), kernels["1"]
+
+
+READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true>")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1000, 2100, 5000], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_corrected_matmul_chunk_read_back(gen, k, b_col):
+    """Without split-K a block sums K in chunks of 1024 and keeps the partial sums in the output; the wgmma
+    kernel's kReadBack instantiation reads them back in one batch. It runs exactly where a block has more than
+    one chunk (K > 1024 here), on partial tiles too, and with an Inf in a row of a."""
+    a = random_tensor(gen, (130, k), "normal", "cuda")
+    b = random_tensor_in_layout((k, 129), b_col, gen, "cuda")
+    a[5, k // 2] = float("inf")
+    out = {}
+    with deterministic():  # no split-K
+        kernels = _launched_kernels(lambda: out.setdefault("c", torch_wmmae.corrected_matmul(a, b, method="fp16")))
+    ref = torch.matmul(a.double(), b.double())
+    assert torch.isinf(ref[5]).all() and torch.equal(out["c"][5], ref[5].float())  # +-Inf, signs as in torch
+    finite = torch.ones(130, dtype=torch.bool, device="cuda")
+    finite[5] = False
+    assert_matmul_within_dot_product_bound(out["c"][finite], a[finite], b, f"k={k}")
+    if _has_sm90_gemm():
+        assert any(READ_BACK_KERNEL.search(name) for name in kernels) == (k > 1024), kernels
 
 
 def _with_large_element_per_line(t: torch.Tensor, lines_dim: int) -> torch.Tensor:

@@ -161,8 +161,9 @@ struct TmaMaps {
 };
 
 // kTma: the fp32 stages come by TMA (one thread issues them, an mbarrier per stage slot says when they
-// have landed) instead of cp.async by every thread; see StageTile for their layout.
-template <bool kARowMajor, bool kBRowMajor, bool kTma>
+// have landed) instead of cp.async by every thread; see StageTile for their layout. kReadBack: the chunk
+// flush reads the earlier chunks' partial sums back in one batch (see sm90_read_back for where).
+template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack>
 __global__ void __launch_bounds__(kThreads, 1)
     corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
 #ifdef WMMAE_SM90A_DEVICE
@@ -342,16 +343,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
     float* c = args.c + z * m * n;
     const bool split_k = args.k_splits > 1;
-    // End of a chunk of K: see the WMMA kernel's flush.
+    // End of a chunk of K: see the WMMA kernel's flush. There each thread reads the earlier partial sum of
+    // an element just before writing it, and ptxas (no free registers) makes every load wait for the
+    // previous element's store: 64 round trips per flush. kReadBack (several chunks, no split-K) loads all
+    // 64 first, into hh (free until the next hi*hi product overwrites it).
     auto flush = [&](bool first_chunk, bool last_chunk) {
+      if constexpr (kReadBack) {
+        const bool read_back = !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
+        if (read_back) {
 #pragma unroll
-      for (int x = 0; x < 64; ++x) {
-        const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
-        if (m0 + r < m && n0 + col < n) {
-          add_chunk_to_output<Method::fp16>(sum[x], corr[x], c + (m0 + r) * n + n0 + col,
-                                            scales.a_shift[r] + scales.b_shift[col], split_k, first_chunk, last_chunk);
+          for (int x = 0; x < 64; ++x) {
+            const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+            hh[x] = m0 + r < m && n0 + col < n ? c[(m0 + r) * n + n0 + col] : 0.0f;
+          }
         }
-        sum[x] = 0.0f;
+#pragma unroll
+        for (int x = 0; x < 64; ++x) {
+          const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+          if (m0 + r < m && n0 + col < n) {
+            float* out = c + (m0 + r) * n + n0 + col;
+            const int shift = scales.a_shift[r] + scales.b_shift[col];
+            if (read_back) {
+              add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x], out, shift, last_chunk);
+            } else {
+              add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, false, true, last_chunk);
+            }
+          }
+          sum[x] = 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int x = 0; x < 64; ++x) {
+          const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+          if (m0 + r < m && n0 + col < n) {
+            add_chunk_to_output<Method::fp16>(sum[x], corr[x], c + (m0 + r) * n + n0 + col,
+                                              scales.a_shift[r] + scales.b_shift[col], split_k, first_chunk, last_chunk);
+          }
+          sum[x] = 0.0f;
+        }
       }
     };
     // The hi*hi product of one k-step, added to the fp32 sum outside the tensor core (round to nearest).

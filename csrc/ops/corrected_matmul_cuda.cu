@@ -422,21 +422,37 @@ __device__ inline bool load_line_scales(const GemmArgs& args, const LineScales& 
   return __syncthreads_and(lines_fp16_safe);
 }
 
-// Adds one chunk's result to the output element `out`: the hi*hi sum plus the unscaled corrections, or the
-// hi*hi sum alone when it is not finite (a non-finite input leaves NaN in the residuals), still scaled by
-// 2^shift. Split-K: an fp32 atomic of the unscaled value (scaling by a power of two is exact, so each split's
-// chunks can be unscaled separately). Otherwise the partial sum lives in the output: the first chunk writes
-// it, later chunks read-modify-write it, the last one undoes the scaling.
+// One chunk's result for an output element: the hi*hi sum plus the unscaled corrections, or the hi*hi sum
+// alone when it is not finite (a non-finite input leaves NaN in the residuals), still scaled by 2^shift.
+template <Method M>
+__device__ __forceinline__ float chunk_result(float hh_sum, float corr) {
+  return isfinite(hh_sum) ? hh_sum + corr * MethodTraits<M>::kLoUnscale : hh_sum;
+}
+
+// Adds one chunk's result to the output element `out`. Split-K: an fp32 atomic of the unscaled value (scaling
+// by a power of two is exact, so each split's chunks can be unscaled separately). Otherwise the partial sum
+// lives in the output: the first chunk writes it, later chunks read-modify-write it, the last one undoes the
+// scaling.
 template <Method M>
 __device__ __forceinline__ void add_chunk_to_output(float hh_sum, float corr, float* out, int shift, bool split_k,
                                                     bool first_chunk, bool last_chunk) {
-  float v = isfinite(hh_sum) ? hh_sum + corr * MethodTraits<M>::kLoUnscale : hh_sum;
+  float v = chunk_result<M>(hh_sum, corr);
   if (split_k) {
     if (M == Method::fp16) v = ldexpf(v, -shift);
     atomicAdd(out, v);
     return;
   }
   if (!first_chunk) v = *out + v;
+  if (M == Method::fp16 && last_chunk) v = ldexpf(v, -shift);
+  *out = v;
+}
+
+// The same for a chunk after the first without split-K, whose caller has read the partial sum `earlier` back
+// from `out` already (batched with the other elements' loads).
+template <Method M>
+__device__ __forceinline__ void add_chunk_to_read_back_output(float hh_sum, float corr, float earlier, float* out,
+                                                              int shift, bool last_chunk) {
+  float v = earlier + chunk_result<M>(hh_sum, corr);
   if (M == Method::fp16 && last_chunk) v = ldexpf(v, -shift);
   *out = v;
 }
@@ -726,20 +742,40 @@ bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
 }
 #endif
 
+#ifdef WMMAE_HAS_SM90A
+// Whether the wgmma kernel reads the partial sums back in one batch (its kReadBack instantiation): where a
+// block sums several short chunks of K into the output itself (no split-K, small output: chunks of 1024,
+// a read-back every 32 stages). H200, 128 x 14912 x 4096 (four chunks per block): GEMM 217.9 -> 195.2 us.
+// Not elsewhere: the batched loads change the main loop's code, which made shapes with one chunk (nothing
+// to read back) 4-8% slower (4096^3, 2048^3, 64 x 512^3), and 8192^3 (chunks of 4096) 0.5%.
+bool sm90_read_back(const GemmArgs& args) {
+  return args.k_splits == 1 && accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall &&
+         args.k > kAccumulationChunkSmall;
+}
+
+template <bool kARowMajor, bool kBRowMajor, bool kTma>
+void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const dim3& grid, cudaStream_t stream) {
+  using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
+  if (sm90_read_back(args)) {
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true>>(Cfg::kSmemBytes, grid,
+                                                                                            stream, args, maps);
+  } else {
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false>>(Cfg::kSmemBytes, grid,
+                                                                                             stream, args, maps);
+  }
+}
+#endif
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
   if (M == Method::fp16 && use_sm90_kernel()) {
 #ifdef WMMAE_HAS_SM90A
     sm90::TmaMaps maps{};
     if (tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
-      using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
-      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true>>(Cfg::kSmemBytes, grid,
-                                                                                       stream, args, maps);
-      return;
+      launch_sm90<kARowMajor, kBRowMajor, true>(args, maps, grid, stream);
+    } else {
+      launch_sm90<kARowMajor, kBRowMajor, false>(args, maps, grid, stream);
     }
-    using Cfg = sm90::Config<kARowMajor, kBRowMajor, false>;
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, false>>(Cfg::kSmemBytes, grid, stream,
-                                                                                       args, maps);
 #endif
   } else {
     using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
