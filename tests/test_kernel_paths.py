@@ -6,7 +6,8 @@ corrected_matmul: GEMM kernel family (default; on H100/H200 without TMA; portabl
 tf32, auto) x layout of a and b (row- or column-major, which picks both the GEMM instantiation and the
 exponent pre-pass's path: contiguous or strided lines) x split-K (allowed, or off in deterministic mode), on
 a problem of one output tile with K = 2100 (two accumulation chunks and a partial one), plus partial tiles
-with broadcast batch dimensions.
+with broadcast batch dimensions, the wgmma kernel's TMA stages, its batched chunk read-back, and the
+exponent pre-pass over strided lines.
 batched_outer: input dtype x output dtype x n (16: direct tiles and several items per unit; 48 and 100:
 staged output bands, 100 with partial tiles; 300: several slices per vector) x aligned inputs (asynchronous
 staging) or inputs one element off (synchronous staging); fp32 inputs with values outside the exact bf16x3

@@ -745,9 +745,10 @@ bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
 #ifdef WMMAE_HAS_SM90A
 // Whether the wgmma kernel reads the partial sums back in one batch (its kReadBack instantiation): where a
 // block sums several short chunks of K into the output itself (no split-K, small output: chunks of 1024,
-// a read-back every 32 stages). H200, 128 x 14912 x 4096 (four chunks per block): GEMM 217.9 -> 195.2 us.
-// Not elsewhere: the batched loads change the main loop's code, which made shapes with one chunk (nothing
-// to read back) 4-8% slower (4096^3, 2048^3, 64 x 512^3), and 8192^3 (chunks of 4096) 0.5%.
+// a read-back every 32 stages). H200, same run: 128 x 14912 x 4096 (four chunks per block) GEMM 216.0 ->
+// 192.0 us. Not elsewhere: the batched loads change the main loop's code, which made shapes with one chunk
+// (nothing to read back) 4-8% slower (4096^3, 2048^3, 64 x 512^3) and 8192^3 (chunks of 4096) 0.5% slower
+// when one kernel did both.
 bool sm90_read_back(const GemmArgs& args) {
   return args.k_splits == 1 && accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall &&
          args.k > kAccumulationChunkSmall;
