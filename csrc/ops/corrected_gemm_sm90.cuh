@@ -348,39 +348,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     // previous element's store: 64 round trips per flush. kReadBack (several chunks, no split-K) loads all
     // 64 first, into hh (free until the next hi*hi product overwrites it).
     auto flush = [&](bool first_chunk, bool last_chunk) {
-      if constexpr (kReadBack) {
-        const bool read_back = !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
-        if (read_back) {
-#pragma unroll
-          for (int x = 0; x < 64; ++x) {
-            const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
-            hh[x] = m0 + r < m && n0 + col < n ? c[(m0 + r) * n + n0 + col] : 0.0f;
-          }
-        }
+      const bool read_back = kReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
+      if (read_back) {
 #pragma unroll
         for (int x = 0; x < 64; ++x) {
           const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
-          if (m0 + r < m && n0 + col < n) {
-            float* out = c + (m0 + r) * n + n0 + col;
-            const int shift = scales.a_shift[r] + scales.b_shift[col];
-            if (read_back) {
-              add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x], out, shift, last_chunk);
-            } else {
-              add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, false, true, last_chunk);
-            }
-          }
-          sum[x] = 0.0f;
+          hh[x] = m0 + r < m && n0 + col < n ? c[(m0 + r) * n + n0 + col] : 0.0f;
         }
-      } else {
+      }
 #pragma unroll
-        for (int x = 0; x < 64; ++x) {
-          const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
-          if (m0 + r < m && n0 + col < n) {
-            add_chunk_to_output<Method::fp16>(sum[x], corr[x], c + (m0 + r) * n + n0 + col,
-                                              scales.a_shift[r] + scales.b_shift[col], split_k, first_chunk, last_chunk);
+      for (int x = 0; x < 64; ++x) {
+        const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+        if (m0 + r < m && n0 + col < n) {
+          float* out = c + (m0 + r) * n + n0 + col;
+          const int shift = scales.a_shift[r] + scales.b_shift[col];
+          if (read_back) {
+            add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x], out, shift, last_chunk);
+          } else {
+            // With kReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
+            add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, !kReadBack && split_k,
+                                              kReadBack || first_chunk, last_chunk);
           }
-          sum[x] = 0.0f;
         }
+        sum[x] = 0.0f;
       }
     };
     // The hi*hi product of one k-step, added to the fp32 sum outside the tensor core (round to nearest).
