@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 
 import pytest
 import torch
@@ -108,3 +109,11 @@ def deterministic(enabled: bool = True):
         yield
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+def child_process_env(**extra: str) -> dict:
+    """The environment for a Python child process that must import the torch_wmmae these tests imported (an
+    in-place build too, not whatever else is on the child's path)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_wmmae.__file__)))
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}

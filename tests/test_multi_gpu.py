@@ -8,7 +8,6 @@ script and the CPU implementation's autograd under DDP on any machine.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
-from conftest import deterministic, random_tensor, rel_err
+from conftest import child_process_env, deterministic, random_tensor, rel_err
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -138,8 +137,8 @@ def run_ddp(tmp_path, backend: str, device: str, extra_env: dict) -> dict:
     out = tmp_path / "ddp.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(DDP_SCRIPT),
            "--backend", backend, "--device", device, "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra_env}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=child_process_env(OMP_NUM_THREADS="1", **extra_env))
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     report = json.loads(out.read_text())
     assert report["world"] == 2

@@ -10,7 +10,7 @@ import torch
 
 import torch_wmmae
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, child_process_env
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -56,7 +56,7 @@ def test_gpu_machine_has_cuda_kernels():
 def test_self_check_module_runs():
     """`python -m torch_wmmae` runs its checks and exits 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torch_wmmae"], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "torch_wmmae"], capture_output=True, text=True, timeout=600, env=child_process_env()
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "torch" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
