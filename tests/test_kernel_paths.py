@@ -168,22 +168,26 @@ READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|f
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1000, 2100, 5000], ids=lambda k: f"k{k}")
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
-def test_corrected_matmul_chunk_read_back(gen, k, b_col):
-    """Without split-K a block sums K in chunks of 1024 and keeps the partial sums in the output; the wgmma
-    kernel's kReadBack instantiation reads them back in one batch. It runs exactly where a block has more than
-    one chunk (K > 1024 here), on partial tiles too, and with an Inf in a row of a."""
+@pytest.mark.parametrize("kernel", ["default", "portable_fp16", "portable_tf32"])
+def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
+    """Without split-K a block sums K in chunks of 1024 and keeps the partial sums in the output, which later
+    chunks read back: the wgmma kernel in one batch (its kReadBack instantiation, which runs exactly where a
+    block has more than one chunk, K > 1024 here), the WMMA kernels (both methods; the tf32 one is also auto's
+    fallback on H100/H200) element by element. On partial tiles too, and with an Inf in a row of a."""
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "0" if kernel == "default" else "1")
+    method = "tf32" if kernel == "portable_tf32" else "fp16"
     a = random_tensor(gen, (130, k), "normal", "cuda")
     b = random_tensor_in_layout((k, 129), b_col, gen, "cuda")
     a[5, k // 2] = float("inf")
     out = {}
     with deterministic():  # no split-K
-        kernels = _launched_kernels(lambda: out.setdefault("c", torch_wmmae.corrected_matmul(a, b, method="fp16")))
+        kernels = _launched_kernels(lambda: out.setdefault("c", torch_wmmae.corrected_matmul(a, b, method=method)))
     ref = torch.matmul(a.double(), b.double())
     assert torch.isinf(ref[5]).all() and torch.equal(out["c"][5], ref[5].float())  # +-Inf, signs as in torch
     finite = torch.ones(130, dtype=torch.bool, device="cuda")
     finite[5] = False
     assert_matmul_within_dot_product_bound(out["c"][finite], a[finite], b, f"k={k}")
-    if _has_sm90_gemm():
+    if kernel == "default" and _has_sm90_gemm():
         assert any(READ_BACK_KERNEL.search(name) for name in kernels) == (k > 1024), kernels
 
 
