@@ -103,8 +103,9 @@ def batched_outer(
         alpha: added once to every diagonal element, as a float32 value.
         out_dtype: float32 (default), float16 or bfloat16.
 
-    Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs give the exact products rounded
-    once to ``out_dtype``; float32 inputs are accurate to a few float32 ulps.
+    Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs: each element is the exact
+    ``u_i v_j`` (plus ``alpha`` on the diagonal) rounded once to float32, then to ``out_dtype`` if that is
+    16-bit; float32 inputs are accurate to a few float32 ulps.
     """
     return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype)
 

@@ -4,8 +4,8 @@
 // kSliceLen elements of u and one of v (the whole vectors when n <= kSliceLen). A warp first copies the
 // unit's slices of u and v into its own shared memory with coalesced loads, so it waits for memory once
 // per unit instead of once per 16x16 tile. It then makes every output tile of the unit from there:
-// u in the first column of A and v in the first row of B (load_vector), alpha*I on diagonal tiles
-// (make_identity), one mma, and the accumulator written with 16-byte stores (foreach_row_quad). For
+// u in the first column of A and v in the first row of B (load_vector), one mma, alpha*I added to
+// diagonal tiles (make_identity), and the accumulator written with 16-byte stores (foreach_row_quad). For
 // 32 < n <= 128 a 16-row band of tiles is collected in shared memory and leaves row by row
 // (use_staged_output), and the next unit's slices arrive by cp.async while this one is worked on.
 //
@@ -384,8 +384,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
               wmmae::assign(c, xs, x * y + (i == j ? diagonal : 0.0f));
             });
           } else {
-            wmmae::make_identity(c, diagonal);
+            // alpha*I is added after the mma with FADDs (round to nearest), not as the mma's C: the tensor
+            // core does not round a product plus C correctly (where they cancel it lost up to an ulp of the
+            // larger term). With C = 0 the products come out exact (fp16/bf16: one product per element).
+            wmma::fill_fragment(c, 0.0f);
             wmma::mma_sync(c, a, b, c);
+            if (diagonal != 0.0f) {
+              Acc identity;
+              wmmae::make_identity(identity, diagonal);
+#pragma unroll
+              for (int x = 0; x < Acc::num_elements; ++x) c.x[x] += identity.x[x];
+            }
           }
           if constexpr (StagedOutput) {
             // All 16 rows and columns: a band row holds whole tiles.
