@@ -75,7 +75,7 @@ def test_low_precision_inputs_exact(device, gen, dtype, n, batch):
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_low_precision_inputs_with_alpha(device, gen, dtype, n, batch):
     """alpha != 0: off-diagonal elements stay exact; the diagonal u_i v_i + alpha is rounded once (the CUDA
-    kernel adds alpha with a float32 add after the exact product): correctly rounded on CPU and GPU."""
+    kernel computes it with one fmaf): correctly rounded on CPU and GPU."""
     u = random_tensor(gen, (*batch, n), "normal", device, dtype)
     v = random_tensor(gen, (*batch, n), "normal", device, dtype)
     alpha = float(torch.randn((), generator=gen, dtype=torch.float64)) * 3.7
@@ -89,7 +89,8 @@ def test_alpha_cancelling_the_diagonal_product(device, dtype):
     """u_i v_i + alpha where the two nearly cancel (found by the fuzz test on an H200: an fp16 subnormal
     u_i = -5.1856e-06 times v_i = -27296 against alpha = -0.1373): the result is far smaller than either term
     and must still be the correctly rounded sum. The tensor core's own accumulate (alpha as the mma's C)
-    lost an ulp of the larger term there, 32 ulps of the result."""
+    lost an ulp of the larger term there, 32 ulps of the result. Also: a product that overflows float32
+    against alpha = -Inf is -Inf, as in float64 (an overflowed product plus -Inf would be NaN)."""
     n = 16
     u = torch.linspace(-3.0, 3.0, n, dtype=torch.float64)
     v = torch.linspace(5.0, 0.25, n, dtype=torch.float64)
@@ -100,6 +101,14 @@ def test_alpha_cancelling_the_diagonal_product(device, dtype):
     assert (p + torch.tensor(alpha, dtype=torch.float32).double()).abs() < 0.05 * p.abs()  # they cancel
     out = batched_outer(u, v, alpha=alpha)
     assert_rounded_reference(out, reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
+    huge = torch.full((3,), 2.0**127 if dtype == torch.bfloat16 else 60000.0, dtype=dtype, device=device)
+    big_alpha = float("-inf") if dtype == torch.bfloat16 else -3.0e38  # fp16: 60000^2 is finite in float32
+    h64 = huge.cpu().double()
+    want = h64.unsqueeze(-1) * h64.unsqueeze(-2)
+    want.diagonal().add_(float(torch.tensor(big_alpha, dtype=torch.float32)))  # alpha*eye would put NaN off it
+    want = want.float()
+    got = batched_outer(huge, alpha=big_alpha)
+    assert torch.equal(got.cpu(), want), (got, want)
 
 
 @pytest.mark.parametrize("batch", [(), (7,), (3, 5)], ids=str)

@@ -4,12 +4,12 @@
 // kSliceLen elements of u and one of v (the whole vectors when n <= kSliceLen). A warp first copies the
 // unit's slices of u and v into its own shared memory with coalesced loads, so it waits for memory once
 // per unit instead of once per 16x16 tile. It then makes every output tile of the unit from there:
-// u in the first column of A and v in the first row of B (load_vector), one mma, alpha*I added to
-// diagonal tiles (make_identity), and the accumulator written with 16-byte stores (foreach_row_quad). For
+// u in the first column of A and v in the first row of B (load_vector), one mma, the diagonal of
+// diagonal tiles as fmaf(u_i, v_i, alpha), and the accumulator written with 16-byte stores (foreach_row_quad). For
 // 32 < n <= 128 a 16-row band of tiles is collected in shared memory and leaves row by row
 // (use_staged_output), and the next unit's slices arrive by cp.async while this one is worked on.
 //
-// fp16/bf16 inputs: every product is exact in fp32 and alpha is added with one rounding.
+// fp16/bf16 inputs: every product is exact in fp32 and alpha is added with one rounding (fmaf).
 // fp32 inputs: each value is split into three bf16 terms (u = u0 + u1 + u2 exactly when 2^-109 <= |u| <
 // 2^127); the nine products u_a v_b^T sit in the k dimension of one m16n16k16 bf16 mma. A tile with a value
 // outside that range (Inf, NaN, near FLT_MAX where bf16 rounding overflows, tiny or subnormal where the
@@ -384,16 +384,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
               wmmae::assign(c, xs, x * y + (i == j ? diagonal : 0.0f));
             });
           } else {
-            // alpha*I is added after the mma with FADDs (round to nearest), not as the mma's C: the tensor
-            // core does not round a product plus C correctly (where they cancel it lost up to an ulp of the
-            // larger term). With C = 0 the products come out exact (fp16/bf16: one product per element).
             wmma::fill_fragment(c, 0.0f);
             wmma::mma_sync(c, a, b, c);
             if (diagonal != 0.0f) {
-              Acc identity;
-              wmmae::make_identity(identity, diagonal);
-#pragma unroll
-              for (int x = 0; x < Acc::num_elements; ++x) c.x[x] += identity.x[x];
+              // u_i v_i + alpha by one fmaf, not alpha*I (make_identity) as the mma's C: the tensor core
+              // neither rounds a product plus C correctly (where they cancel it lost an ulp of the larger
+              // term) nor keeps a product that overflows float32 finite against an infinite alpha.
+              wmmae::foreach_ij(c, [&](auto xs, int i, int j) {
+                if (i == j && i < rows && j < cols) {
+                  wmmae::assign(c, xs, fmaf(wmmae::to_float(ug[ti * kTile + i]), wmmae::to_float(vg[tj * kTile + j]),
+                                            diagonal));
+                }
+              });
             }
           }
           if constexpr (StagedOutput) {
