@@ -11,19 +11,11 @@ import torch
 from torch_wmmae import batched_outer
 
 from conftest import U32, random_tensor, requires_cuda
+from hardening import outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
 SIZES = [1, 5, 16, 31, 48, 100, 256]
 BATCHES = [(), (7,), (3, 5)]
-
-
-def reference64(u: torch.Tensor, v: torch.Tensor | None, alpha: float) -> torch.Tensor:
-    u64 = u.detach().cpu().double()
-    v64 = u64 if v is None else v.detach().cpu().double()
-    out = u64.unsqueeze(-1) * v64.unsqueeze(-2)
-    n = u.shape[-1]
-    alpha32 = float(torch.tensor(alpha, dtype=torch.float32))  # the op's alpha is a float32 value
-    return out + alpha32 * torch.eye(n, dtype=torch.float64)
 
 
 def ulp(x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +59,7 @@ def test_low_precision_inputs_exact(device, gen, dtype, n, batch):
     out = batched_outer(u, v)
     assert out.shape == (*batch, n, n) and out.dtype == torch.float32 and out.is_contiguous()
     assert out.device == u.device
-    assert_rounded_reference(out, reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
+    assert_rounded_reference(out, outer_reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
 
 
 @pytest.mark.parametrize("batch", BATCHES, ids=str)
@@ -81,7 +73,7 @@ def test_low_precision_inputs_with_alpha(device, gen, dtype, n, batch):
     alpha = float(torch.randn((), generator=gen, dtype=torch.float64)) * 3.7
     out = batched_outer(u, v, alpha=alpha)
     assert out.dtype == torch.float32
-    assert_rounded_reference(out, reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
+    assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=str)
@@ -100,13 +92,10 @@ def test_alpha_cancelling_the_diagonal_product(device, dtype):
     p = u[4].double() * v[4].double()
     assert (p + torch.tensor(alpha, dtype=torch.float32).double()).abs() < 0.05 * p.abs()  # they cancel
     out = batched_outer(u, v, alpha=alpha)
-    assert_rounded_reference(out, reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
+    assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
     huge = torch.full((3,), 2.0**127 if dtype == torch.bfloat16 else 60000.0, dtype=dtype, device=device)
     big_alpha = float("-inf") if dtype == torch.bfloat16 else -3.0e38  # fp16: 60000^2 is finite in float32
-    h64 = huge.cpu().double()
-    want = h64.unsqueeze(-1) * h64.unsqueeze(-2)
-    want.diagonal().add_(float(torch.tensor(big_alpha, dtype=torch.float32)))  # alpha*eye would put NaN off it
-    want = want.float()
+    want = outer_reference64(huge, None, big_alpha).float()
     got = batched_outer(huge, alpha=big_alpha)
     assert torch.equal(got.cpu(), want), (got, want)
 
@@ -120,8 +109,8 @@ def test_float32_inputs(device, gen, n, batch, alpha):
     v = random_tensor(gen, (*batch, n), "normal", device)
     out = batched_outer(u, v, alpha=alpha)
     assert out.dtype == torch.float32 and out.shape == (*batch, n, n)
-    ref = reference64(u, v, alpha)
-    scale = reference64(u.abs(), v.abs(), abs(alpha))
+    ref = outer_reference64(u, v, alpha)
+    scale = outer_reference64(u.abs(), v.abs(), abs(alpha))
     err = (out.cpu().double() - ref).abs()
     assert (err <= 4 * U32 * scale + 2.0**-126).all(), f"max err/scale {(err / scale).max().item():.3e}"
     if not gpu(device):  # the CPU computes in float64 and rounds once: correctly rounded
@@ -139,7 +128,7 @@ def test_low_precision_out_dtype(device, gen, in_dtype, out_dtype, alpha, n):
     out = batched_outer(u, v, alpha=alpha, out_dtype=out_dtype)
     assert out.dtype == out_dtype and out.shape == (6, n, n) and out.is_contiguous()
     ulps = 1 if gpu(device) else 0
-    assert_rounded_reference(out, reference64(u, v, alpha), diag_ulps=ulps, offdiag_ulps=ulps)
+    assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=ulps, offdiag_ulps=ulps)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
@@ -166,9 +155,9 @@ def test_v_none_equals_v_u(device, gen, dtype, alpha):
     b = batched_outer(u, u.clone(), alpha=alpha)
     if dtype == torch.float32:
         # float32 products are not exact: compare both to the reference at the float32 tolerance.
-        scale = reference64(u.abs(), None, abs(alpha))
+        scale = outer_reference64(u.abs(), None, abs(alpha))
         for out in (a, b):
-            assert ((out.cpu().double() - reference64(u, None, alpha)).abs() <= 4 * U32 * scale + 2.0**-126).all()
+            assert ((out.cpu().double() - outer_reference64(u, None, alpha)).abs() <= 4 * U32 * scale + 2.0**-126).all()
     else:
         assert torch.equal(a, b)
     if not gpu(device):
@@ -211,7 +200,7 @@ def test_strided_inputs(device, gen, dtype, case):
     assert not (u.is_contiguous() and v.is_contiguous())
     out = batched_outer(u, v)
     assert out.is_contiguous() and out.shape == (*u.shape, u.shape[-1])
-    assert_rounded_reference(out, reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
+    assert_rounded_reference(out, outer_reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
     assert torch.equal(out, batched_outer(u.contiguous(), v.contiguous()))
 
 
@@ -299,4 +288,4 @@ def test_cuda_graph_capture_replays(gen):
         static_u.copy_(fresh)
         graph.replay()
         torch.cuda.synchronize()
-        assert_rounded_reference(static_out, reference64(fresh, None, 1.0), diag_ulps=1, offdiag_ulps=0)
+        assert_rounded_reference(static_out, outer_reference64(fresh, None, 1.0), diag_ulps=1, offdiag_ulps=0)
