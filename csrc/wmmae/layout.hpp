@@ -62,6 +62,21 @@ WMMAE_HD constexpr RowCol CoreLayout::at(int lane, int x) const {
   return core_position(origin(x), run, transposed, lane, x);
 }
 
+// The tile's diagonal, solved from core_position: element x of `lane` sits at (i, i) exactly when
+// diagonal_key(run, lane) == diagonal_offset(L, x). The key depends on the lane only and the offset on x only,
+// so device code computes the key once and tests each element against a compile-time constant; an element
+// whose offset lies outside the keys' range [-3 * run, 7] is never on the diagonal. diagonal_rule_holds()
+// checks this against CoreLayout::at for every table row at compile time.
+WMMAE_HD constexpr int diagonal_key(int run, int lane) { return lane / 4 - run * (lane % 4); }
+WMMAE_HD constexpr int diagonal_offset(const CoreLayout& L, int x) {
+  const RowCol o = L.origin(x);
+  return (L.transposed ? o.row - o.col : o.col - o.row) + x % L.run;
+}
+WMMAE_HD constexpr bool can_be_on_diagonal(const CoreLayout& L, int x) {
+  const int d = diagonal_offset(L, x);
+  return d >= -3 * L.run && d <= 7;
+}
+
 // (lane, x) pairs that hold one tile element: the inverse of CoreLayout::at.
 struct Holders {
   int count;
@@ -157,6 +172,26 @@ WMMAE_HD constexpr CoreLayout sm75_layout(Use use, int m, int n, int k, Elem ele
                      (elem == Elem::half || (use == Use::accumulator && elem == Elem::f32));
   return known ? sm80_layout(use, m, n, k, elem) : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
 }
+
+// The diagonal rule (diagonal_key / diagonal_offset) against CoreLayout::at, for every lane and element.
+WMMAE_HD constexpr bool diagonal_rule_holds(const CoreLayout& L) {
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int x = 0; x < L.num_elements; ++x) {
+      const RowCol rc = L.at(lane, x);
+      const bool on = diagonal_key(L.run, lane) == diagonal_offset(L, x);
+      if (on != (rc.row == rc.col) || (on && !can_be_on_diagonal(L, x))) return false;
+    }
+  }
+  return true;
+}
+WMMAE_HD constexpr bool diagonal_rule_holds_for_sm80_table() {
+  bool ok = true;
+#define WMMAE_DIAGONAL_CASE(U, M, N, K, E, ...) ok = ok && diagonal_rule_holds(sm80_layout(Use::U, M, N, K, Elem::E));
+  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_DIAGONAL_CASE)
+#undef WMMAE_DIAGONAL_CASE
+  return ok;
+}
+static_assert(diagonal_rule_holds_for_sm80_table(), "diagonal_key/diagonal_offset disagree with CoreLayout::at");
 
 // ---------------------------------------------------------------------------------------------------
 // sm_70, m16n16k16 half operands with float or half accumulators (analytic; see the header comment).

@@ -12,6 +12,7 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
   wmmae::make_identity(f, 2.0f);
   wmmae::foreach(f, [&](int x, int i, int j) { out[x] += i + j; });
   wmmae::foreach_ij(f, [&](auto xs, int i, int j) { out[xs.first] += i * j; });
+  wmmae::foreach_diagonal(f, [&](auto xs, int i) { out[xs.first] += i; });
   out[0] += wmmae::map<Frag>(1, 1).count;
   if constexpr (wmmae::fragment_traits<Frag>::use == wmmae::Use::accumulator) {
     wmmae::load_matrix_with_op(f, p, 40, wmma::mem_row_major, [](Mem v) { return v; });

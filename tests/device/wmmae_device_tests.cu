@@ -24,6 +24,7 @@ enum Check {
   kMultiLoad,           // load_matrices_with_op into two fragments == two single loads
   kRowQuads,            // foreach_row_quad covers every element once, == store_matrix_sync (accumulators)
   kStoreVector,         // store_vector (first column, first row, scaled) == the tile's elements, nothing past count
+  kForeachDiagonal,     // foreach_diagonal visits exactly the holders of (i, i), as map() names them, with row i
   kNumChecks
 };
 
@@ -102,6 +103,24 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
       const wmmae::RowCol rc = L.at(h.lane[c], h.x[c]);
       err[kMapInverse] += rc.row != i || rc.col != j;
     }
+  }
+
+  // foreach_diagonal: every holder of a diagonal element once (with its row), nothing off the diagonal.
+  __syncwarp();
+  for (int i = lane; i < 32 * 32; i += 32) visits[i] = 0;
+  __syncwarp();
+  wmmae::foreach_diagonal(f0, [&](auto xs, int i) {
+    atomicAdd(&visits[i * 32 + i], xs.count);
+    for (int c = 0; c < xs.count; ++c) {
+      const wmmae::RowCol rc = L.at(lane, xs.x(c));
+      err[kForeachDiagonal] += rc.row != i || rc.col != i;
+    }
+  });
+  __syncwarp();
+  for (int idx = lane; idx < 32 * 32; idx += 32) {
+    const int i = idx / 32, j = idx % 32;
+    const int expected = i == j && i < R && j < C ? wmmae::map<Frag>(i, j).count : 0;
+    err[kForeachDiagonal] += visits[idx] != expected;
   }
 
   // load_matrix_with_op(identity) == load_matrix_sync, on random values.
