@@ -68,7 +68,8 @@ def outer_fp32_tolerance(u, v, alpha: float, ref: torch.Tensor, on_gpu: bool) ->
     - CPU: 0. The CPU implementation computes in float64 and rounds once: correctly rounded.
     - GPU, fp16/bf16 inputs: 0 off the diagonal (an fp16/bf16 product is exact in float32; in float32's
       subnormal range the tensor core rounds the product itself: one subnormal ulp). On the diagonal with
-      alpha != 0: 0 (u_i v_i + alpha is one fmaf: correctly rounded, Inf and NaN as in float64).
+      alpha != 0: 0 (u_i v_i + alpha rounded once: the mma's product plus alpha where that product is exact,
+      fmaf of the inputs elsewhere; Inf and NaN as in float64).
     - GPU, float32 inputs: 4 u (|u_i v_j| + |alpha| d_ij) + 2^-126, as in test_batched_outer.
     """
     if not on_gpu:

@@ -5,11 +5,13 @@
 // unit's slices of u and v into its own shared memory with coalesced loads, so it waits for memory once
 // per unit instead of once per 16x16 tile. It then makes every output tile of the unit from there:
 // u in the first column of A and v in the first row of B (load_vector), one mma, the diagonal of
-// diagonal tiles as fmaf(u_i, v_i, alpha), and the accumulator written with 16-byte stores (foreach_row_quad). For
-// 32 < n <= 128 a 16-row band of tiles is collected in shared memory and leaves row by row
-// (use_staged_output), and the next unit's slices arrive by cp.async while this one is worked on.
+// diagonal tiles as u_i v_i + alpha rounded once (foreach_diagonal), and the accumulator written with
+// 16-byte stores (foreach_row_quad). For 32 < n <= 128 a 16-row band of tiles is collected in shared
+// memory and leaves row by row (use_staged_output), and the next unit's slices arrive by cp.async while
+// this one is worked on.
 //
-// fp16/bf16 inputs: every product is exact in fp32 and alpha is added with one rounding (fmaf).
+// fp16/bf16 inputs: every product that float32 can hold exactly comes out exact (all fp16 products;
+// bf16 products within float32's normal range), and alpha is added with one rounding.
 // fp32 inputs: each value is split into three bf16 terms (u = u0 + u1 + u2 exactly when 2^-109 <= |u| <
 // 2^127); the nine products u_a v_b^T sit in the k dimension of one m16n16k16 bf16 mma. A tile with a value
 // outside that range (Inf, NaN, near FLT_MAX where bf16 rounding overflows, tiny or subnormal where the
@@ -245,6 +247,22 @@ __device__ __forceinline__ __nv_bfloat16 bf16x3_term(float v, int which) {
   return which == 0 ? t0 : (which == 1 ? t1 : t2);
 }
 
+// Whether an element of the mma's result is the exact product u_i v_j (the k = 0 term is its only nonzero
+// term): always for fp16 inputs (products have at most 22 significant bits and magnitudes within 2^-48 ..
+// 2^32); for bf16 inputs where it is a finite, normal float32 (bf16 has float32's exponent range, so a
+// product can overflow or fall below the normal range); never for the bf16x3 sums of fp32 inputs.
+template <class In>
+__device__ __forceinline__ bool is_exact_product(float p) {
+  if constexpr (std::is_same<In, __half>::value) {
+    return true;
+  } else if constexpr (std::is_same<In, __nv_bfloat16>::value) {
+    const float a = fabsf(p);
+    return a >= 0x1p-126f && a <= 0x1.fffffep127f;  // false for zero, subnormals, Inf and NaN
+  } else {
+    return false;
+  }
+}
+
 template <class In, class Out, bool StagedOutput>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_outer_kernel(Args args) {
   constexpr bool kSplitFp32 = std::is_same<In, float>::value;
@@ -381,18 +399,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
             wmmae::foreach_ij(c, [&](auto xs, int i, int j) {
               const float x = i < rows ? wmmae::to_float(ug[ti * kTile + i]) : 0.0f;
               const float y = j < cols ? wmmae::to_float(vg[tj * kTile + j]) : 0.0f;
-              wmmae::assign(c, xs, x * y + (i == j ? diagonal : 0.0f));
+              wmmae::assign(c, xs, i == j ? fmaf(x, y, diagonal) : x * y);
             });
           } else {
             wmma::fill_fragment(c, 0.0f);
             wmma::mma_sync(c, a, b, c);
             if (diagonal != 0.0f) {
-              // u_i v_i + alpha by one fmaf, not alpha*I (make_identity) as the mma's C: the tensor core
-              // neither rounds a product plus C correctly (where they cancel it lost an ulp of the larger
-              // term) nor keeps a product that overflows float32 finite against an infinite alpha.
-              wmmae::foreach_ij(c, [&](auto xs, int i, int j) {
-                if (i == j && i < rows && j < cols) {
-                  wmmae::assign(c, xs, fmaf(wmmae::to_float(ug[ti * kTile + i]), wmmae::to_float(vg[tj * kTile + j]),
+              // u_i v_i + alpha rounded once, as fmaf(u_i, v_i, alpha), and not alpha*I (make_identity) as
+              // the mma's C: the tensor core neither rounds a product plus C correctly (where they cancel
+              // it lost an ulp of the larger term) nor keeps a product that overflows float32 finite
+              // against an infinite alpha. Where the mma's element is the exact product that is one add;
+              // otherwise an fmaf of the staged values. (A diagonal tile has rows == cols.)
+              wmmae::foreach_diagonal(c, [&](auto xs, int i) {
+                const float product = c.x[xs.first];
+                if (is_exact_product<In>(product)) {
+                  wmmae::assign(c, xs, product + diagonal);
+                } else if (i < rows) {
+                  wmmae::assign(c, xs, fmaf(wmmae::to_float(ug[ti * kTile + i]), wmmae::to_float(vg[tj * kTile + i]),
                                             diagonal));
                 }
               });
