@@ -28,7 +28,7 @@ BIG = 70_000  # 70000^2 = 4.9e9 elements > 2^31
 OUTER_BATCH_64 = 2**19 + 3  # n = 64: 2^31 + 12288 output elements
 OUTER_BATCH_100 = 215_000  # n = 100: 2.15e9 output elements
 MANY_BATCHES = 70_000
-BLOCK = 4096  # rows / columns per float64 reference block (2.3 GB at K = 70000)
+BLOCK = 1024  # rows / columns per float64 reference block (0.57 GB at K = 70000; 4096 ran out of memory beside initcheck)
 BATCHED_SHAPE = (2, 40_000, 32, 30_000)  # (batch, m, k, n): 1.2e9 outputs per batch entry, 2.4e9 in all
 METHODS = ["auto", "fp16", "tf32"]
 
