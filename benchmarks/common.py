@@ -29,6 +29,25 @@ def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, r
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, reps: int = 20) -> list:
+    """Median time of each fn in milliseconds, the calls interleaved (fns[0], fns[1], ..., fns[0], ...) and
+    each timed with its own pair of CUDA events: the fns see the same GPU state (clocks, other work), so
+    their ratio is not a difference between two moments."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for _ in fns]
+    for i in range(reps):
+        for fn, ev in zip(fns, events):
+            ev[i][0].record()
+            fn()
+            ev[i][1].record()
+    torch.cuda.synchronize()
+    return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in events]
+
+
 def inputs_for_rotation(bytes_per_set: int, l2_bytes: int, max_sets: int = 8) -> int:
     """How many input sets make one rotation larger than ~3x the L2 cache."""
     return max(1, min(max_sets, (3 * l2_bytes) // max(1, bytes_per_set) + 1))
