@@ -67,7 +67,7 @@ def test_low_precision_inputs_exact(device, gen, dtype, n, batch):
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_low_precision_inputs_with_alpha(device, gen, dtype, n, batch):
     """alpha != 0: off-diagonal elements stay exact; the diagonal u_i v_i + alpha is rounded once (the CUDA
-    kernel computes it with one fmaf): correctly rounded on CPU and GPU."""
+    kernel adds alpha to the exact product, or uses fmaf): correctly rounded on CPU and GPU."""
     u = random_tensor(gen, (*batch, n), "normal", device, dtype)
     v = random_tensor(gen, (*batch, n), "normal", device, dtype)
     alpha = float(torch.randn((), generator=gen, dtype=torch.float64)) * 3.7

@@ -198,7 +198,7 @@ def check_batched_outer(rep, device, g):
             ulp = torch.nextafter(a, torch.full_like(a, float("inf"))) - a
             d = (out[diag] - want[diag]).abs()
             ulps = (d / ulp).max().item()
-            allowed = 0  # u_i v_i + alpha is one fmaf on the GPU, float64 rounded once on the CPU
+            allowed = 0  # u_i v_i + alpha rounded once on the GPU (exact product plus alpha, or fmaf) and on the CPU (float64)
             return off_ok and ulps <= allowed, f"off-diagonal exact: {off_ok}; diagonal max {ulps:.0f} ulp (limit {allowed})"
 
         rep.run("batched_outer", f"{str(dtype)[6:]} -> float32, alpha!=0", with_alpha)
