@@ -289,6 +289,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
   const std::int64_t batch = args.batch, num_units = args.num_units;
   const bool v_is_u = args.v_is_u;
   const BandLanes lanes = band_lanes(args.n / args.vector_width);
+  // alpha on the diagonal of a tile and -0.0 elsewhere (x + -0.0 == x for every x, signed zeros included),
+  // made once: adding it to a diagonal tile whose products are exact adds alpha with one rounding.
+  Acc alpha_diagonal;
+  wmma::fill_fragment(alpha_diagonal, -0.0f);
+  wmmae::foreach_diagonal(alpha_diagonal, [&](auto xs, int) { wmmae::assign(alpha_diagonal, xs, alpha); });
 
   // Operand fragments from the staged slices: u in the first column of A, v in the first row of B (fp32:
   // the nine bf16 term pairs along k). Returns false when a value cannot be split exactly (fp32 only).
@@ -408,17 +413,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
               // u_i v_i + alpha rounded once, as fmaf(u_i, v_i, alpha), and not alpha*I (make_identity) as
               // the mma's C: the tensor core neither rounds a product plus C correctly (where they cancel
               // it lost an ulp of the larger term) nor keeps a product that overflows float32 finite
-              // against an infinite alpha. Where the mma's element is the exact product that is one add;
-              // otherwise an fmaf of the staged values. (A diagonal tile has rows == cols.)
-              wmmae::foreach_diagonal(c, [&](auto xs, int i) {
-                const float product = c.x[xs.first];
-                if (is_exact_product<In>(product)) {
-                  wmmae::assign(c, xs, product + diagonal);
-                } else if (i < rows) {
-                  wmmae::assign(c, xs, fmaf(wmmae::to_float(ug[ti * kTile + i]), wmmae::to_float(vg[tj * kTile + i]),
-                                            diagonal));
-                }
-              });
+              // against an infinite alpha. Where every diagonal product of the tile is exact, that is one
+              // add of alpha_diagonal per element (ptxas drops the adds of constant -0.0); otherwise an
+              // fmaf of the staged values where a product is not. (A diagonal tile has rows == cols.)
+              bool all_exact = true;
+              if constexpr (std::is_same<In, __nv_bfloat16>::value) {
+                wmmae::foreach(c, [&](int x, int, int) {
+                  all_exact &= alpha_diagonal.x[x] == 0.0f || is_exact_product<In>(c.x[x]);
+                });
+                all_exact = __all_sync(0xffffffffu, all_exact);
+              }
+              if (is_exact_product<In>(1.0f) && all_exact) {
+#pragma unroll
+                for (int x = 0; x < Acc::num_elements; ++x) c.x[x] += alpha_diagonal.x[x];
+              } else {
+                wmmae::foreach_diagonal(c, [&](auto xs, int i) {
+                  const float product = c.x[xs.first];
+                  if (is_exact_product<In>(product)) {
+                    wmmae::assign(c, xs, product + diagonal);
+                  } else if (i < rows) {
+                    wmmae::assign(c, xs, fmaf(wmmae::to_float(ug[ti * kTile + i]), wmmae::to_float(vg[tj * kTile + i]),
+                                              diagonal));
+                  }
+                });
+              }
             }
           }
           if constexpr (StagedOutput) {
