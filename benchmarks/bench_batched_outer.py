@@ -86,8 +86,10 @@ def main() -> None:
                 print(f"n={n:3d} batch={batch:8d} {r['in_dtype']:8s} alpha={alpha}: {tbps:.2f} TB/s "
                       f"({r['fraction_of_copy']:.0%} of copy, alpha cost {r['alpha_cost']:+.1%}), torch best "
                       f"{r['torch_best']} {r['torch_best_tbps']:.2f} -> x{r['speedup_vs_torch']:.2f}", flush=True)
+            # No torch.cuda.empty_cache() between cases: PyTorch keeps its cache, as in a training process.
+            # Releasing it made the next case cudaMalloc gigabytes again, and after a fresh multi-GB
+            # allocation the GPU ran this 40 us call at ~42 instead of ~38.5 us for seconds (NOTES.md).
             del u, v
-            torch.cuda.empty_cache()
     payload = header() | {"copy_tbps": copy, "rows": rows}
     write_results("batched_outer", payload, ["n", "batch", "alpha", "in_dtype", "tbps", "fraction_of_copy",
                                              "alpha_cost", "torch_best", "torch_best_tbps", "speedup_vs_torch"], args.out,
