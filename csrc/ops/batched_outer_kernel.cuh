@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
                 });
                 all_exact = __all_sync(0xffffffffu, all_exact);
               }
-              if (is_exact_product<In>(1.0f) && all_exact) {
+              if (!kSplitFp32 && all_exact) {
 #pragma unroll
                 for (int x = 0; x < Acc::num_elements; ++x) c.x[x] += alpha_diagonal.x[x];
               } else {
