@@ -347,18 +347,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     // an element just before writing it, and ptxas (no free registers) makes every load wait for the
     // previous element's store: 64 round trips per flush. kReadBack (several chunks, no split-K) loads all
     // 64 first, into hh (free until the next hi*hi product overwrites it).
+    // Row and column in the block's tile of accumulator element x (wgmma's m64nNk16 layout).
+    auto acc_row = [&](int x) { return row0 + (x & 2) * 4; };
+    auto acc_col = [&](int x) { return 8 * (x / 4) + 2 * quad + (x & 1); };
     auto flush = [&](bool first_chunk, bool last_chunk) {
       const bool read_back = kReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
       if (read_back) {
 #pragma unroll
         for (int x = 0; x < 64; ++x) {
-          const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+          const int r = acc_row(x), col = acc_col(x);
           hh[x] = m0 + r < m && n0 + col < n ? c[(m0 + r) * n + n0 + col] : 0.0f;
         }
       }
 #pragma unroll
       for (int x = 0; x < 64; ++x) {
-        const int r = row0 + (x & 2) * 4, col = 8 * (x / 4) + 2 * quad + (x & 1);
+        const int r = acc_row(x), col = acc_col(x);
         if (m0 + r < m && n0 + col < n) {
           float* out = c + (m0 + r) * n + n0 + col;
           const int shift = scales.a_shift[r] + scales.b_shift[col];
