@@ -32,7 +32,7 @@ using namespace nvcuda;
 
 constexpr int kTile = 16;
 constexpr int kWarpsPerBlock = 8;
-constexpr int kSliceLen = 256;  // elements of u (and of v) a warp stages per unit
+constexpr int kSliceLen = 256;  // elements of u (and of v) per unit when n > kSliceLen
 
 // 4 resident blocks (32 warps, 64 registers) per SM: measured faster on an H200 than 5 (48 registers,
 // spills outside the tile loop) or 6, by 2-8%: each warp waits for memory once per unit, not per tile.
@@ -47,6 +47,7 @@ struct Args {
   std::int64_t num_units;
   int n;
   int group;            // batch items per unit
+  int stage_len;        // elements of each staging buffer (group * n, or one slice; 16-byte multiple)
   int slices_per_side;  // ceil(n / kSliceLen)
   int vector_width;     // elements per output store: 4, 2 or 1 (from n and the output's alignment)
   int band_stride;      // staged output: floats per band row in shared memory
@@ -54,15 +55,27 @@ struct Args {
   float alpha;
 };
 
-// Batch items per unit: enough to amortize the staging (about kUnitBytes of output per unit), within
-// one slice of input.
-constexpr std::int64_t kUnitBytes = 16 << 10;
+// Batch items per unit: enough to amortize the staging, about unit_bytes of output per unit, and at most
+// 1 KiB of each input vector per unit. 16-bit inputs, H200, same run, fp16 -> fp32 at 64 KiB against
+// 16 KiB: n = 16, batch 2^20: 88% of the copy bandwidth against 85%; n = 32: 91% against 87%; n = 48: 88%
+// against 83%; n = 64: 93% against 87%; only n = 16 at batch 2^17 (a 35 us kernel, where fewer units leave a
+// longer tail) lost, 86% against 87%. fp32 inputs (bound by their split's instructions) keep 16 KiB: not
+// measured.
+template <class In>
+constexpr std::int64_t unit_bytes() { return sizeof(In) == 2 ? 64 << 10 : 16 << 10; }
+template <class In>
+constexpr int max_stage_len() { return 1024 / sizeof(In); }
+template <class In>
 inline int items_per_unit(std::int64_t n, std::int64_t out_elem_size) {
   if (n > kSliceLen) return 1;
-  const std::int64_t by_output = kUnitBytes / (n * n * out_elem_size);
-  const std::int64_t by_input = kSliceLen / n;
+  const std::int64_t by_output = unit_bytes<In>() / (n * n * out_elem_size);
+  const std::int64_t by_input = max_stage_len<In>() / n;
   return static_cast<int>(std::max<std::int64_t>(1, std::min(by_output, by_input)));
 }
+// Dynamic shared memory: per warp two buffers (this unit's slices and the next one's) of u and v, then the
+// output bands of StagedOutput.
+template <class In>
+__host__ __device__ inline std::size_t stage_bytes(int stage_len) { return std::size_t{kWarpsPerBlock} * 2 * 2 * stage_len * sizeof(In); }
 
 // Stores of 1, 2 or 4 consecutive output elements (16-bit outputs: packed into 32/64-bit words), all
 // evict-first (__stcs): the kernel never reads its output, and they measured 1-9% faster than plain stores.
@@ -271,12 +284,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
   using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, FragT, wmma::row_major>;
   using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
 
-  // Two buffers: the next unit's slices arrive (cp.async) while this unit's tiles are made.
-  __shared__ __align__(16) In stage[kWarpsPerBlock][2][2][kSliceLen];  // [warp][buffer][u, v][element]
+  // Two buffers per warp: the next unit's slices arrive (cp.async) while this unit's tiles are made.
+  extern __shared__ float4 dynamic_smem[];
   const int warp_in_block = threadIdx.x / 32;
-  extern __shared__ float4 band_storage[];  // StagedOutput: kWarpsPerBlock bands of 16 x band_stride floats
+  const int stage_len = args.stage_len;
+  In* const stage_base = reinterpret_cast<In*>(dynamic_smem) + warp_in_block * 2 * 2 * stage_len;
+  auto stage = [&](int buffer, int side) { return stage_base + (buffer * 2 + side) * stage_len; };  // side 0: u, 1: v
+  // StagedOutput: kWarpsPerBlock bands of 16 x band_stride floats after the stages (16-byte aligned: stage_len
+  // is a multiple of 16 bytes).
   const int stride = args.band_stride;
-  float* band = reinterpret_cast<float*>(band_storage) + warp_in_block * kTile * stride;
+  float* band = reinterpret_cast<float*>(reinterpret_cast<char*>(dynamic_smem) + stage_bytes<In>(stage_len)) +
+                warp_in_block * kTile * stride;
 
   const In* u = static_cast<const In*>(args.u);
   const In* v = static_cast<const In*>(args.v);
@@ -355,8 +373,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
     const bool async = can_stage_async(u_slices(sp), sp.items, sp.u_len, u_bs, u_s) &&
                        (v_is_u || can_stage_async(v_slices(sp), sp.items, sp.v_len, v_bs, v_s));
     if (async) {
-      stage_slices_async(stage[warp_in_block][buf][0], u_slices(sp), sp.items * sp.u_len);
-      if (!v_is_u) stage_slices_async(stage[warp_in_block][buf][1], v_slices(sp), sp.items * sp.v_len);
+      stage_slices_async(stage(buf, 0), u_slices(sp), sp.items * sp.u_len);
+      if (!v_is_u) stage_slices_async(stage(buf, 1), v_slices(sp), sp.items * sp.v_len);
     }
     commit_async();
     return async;
@@ -369,8 +387,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
     const Span sp = span_of(unit);
     const std::int64_t first_item = sp.first_item;
     const int r0 = sp.r0, c0 = sp.c0, items = sp.items, u_len = sp.u_len, v_len = sp.v_len;
-    In* su = stage[warp_in_block][buf][0];
-    In* sv = v_is_u ? su : stage[warp_in_block][buf][1];
+    In* su = stage(buf, 0);
+    In* sv = v_is_u ? su : stage(buf, 1);
 
     __syncwarp();  // every lane is done reading the previous unit's slices (the other buffer)
     bool next_staged_ahead = false;
@@ -474,7 +492,10 @@ template <class In, class Out>
 void launch(Args args, int sm_count, cudaStream_t stream) {
   const std::int64_t n = args.n;
   args.slices_per_side = static_cast<int>((n + kSliceLen - 1) / kSliceLen);
-  args.group = items_per_unit(n, sizeof(Out));
+  args.group = items_per_unit<In>(n, sizeof(Out));
+  constexpr int kPerWord = 16 / sizeof(In);
+  const std::int64_t staged_elems = args.slices_per_side > 1 ? kSliceLen : args.group * n;
+  args.stage_len = static_cast<int>((staged_elems + kPerWord - 1) / kPerWord * kPerWord);
   args.v_is_u = args.v_is_u && args.slices_per_side == 1;
   const std::int64_t groups = (args.batch + args.group - 1) / args.group;
   args.num_units = groups * args.slices_per_side * args.slices_per_side;
@@ -485,15 +506,13 @@ void launch(Args args, int sm_count, cudaStream_t stream) {
   // A grid-stride loop over units: enough blocks to fill every SM several times over.
   const std::int64_t wanted = (args.num_units + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, static_cast<std::int64_t>(sm_count) * 16));
-  if (staged) {
-    const std::size_t smem = band_bytes(args.n);
-    auto kernel = batched_outer_kernel<In, Out, true>;
-    // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
+  const std::size_t smem = stage_bytes<In>(args.stage_len) + (staged ? band_bytes(args.n) : 0);
+  auto kernel = staged ? batched_outer_kernel<In, Out, true> : batched_outer_kernel<In, Out, false>;
+  // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
+  if (smem > (48 << 10)) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(args);
-  } else {
-    batched_outer_kernel<In, Out, false><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args);
   }
+  kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(args);
 }
 
 }  // namespace outer
