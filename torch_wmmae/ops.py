@@ -105,7 +105,8 @@ def batched_outer(
 
     Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs: each element is the exact
     ``u_i v_j`` (plus ``alpha`` on the diagonal) rounded once to float32, then to ``out_dtype`` if that is
-    16-bit; float32 inputs are accurate to a few float32 ulps.
+    16-bit (on the GPU an off-diagonal bf16 product below float32's normal range may be one subnormal ulp
+    off: the tensor core rounds it itself); float32 inputs are accurate to a few float32 ulps.
     """
     return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype)
 

@@ -74,8 +74,11 @@ inline int items_per_unit(std::int64_t n, std::int64_t out_elem_size) {
 }
 // Dynamic shared memory: per warp two buffers (this unit's slices and the next one's) of u and v, then the
 // output bands of StagedOutput.
+constexpr int kStagesPerWarp = 2 * 2;  // [this unit, next unit] x [u, v]
 template <class In>
-__host__ __device__ inline std::size_t stage_bytes(int stage_len) { return std::size_t{kWarpsPerBlock} * 2 * 2 * stage_len * sizeof(In); }
+__host__ __device__ inline std::size_t stage_bytes(int stage_len) {
+  return std::size_t{kWarpsPerBlock} * kStagesPerWarp * stage_len * sizeof(In);
+}
 
 // Stores of 1, 2 or 4 consecutive output elements (16-bit outputs: packed into 32/64-bit words), all
 // evict-first (__stcs): the kernel never reads its output, and they measured 1-9% faster than plain stores.
@@ -288,7 +291,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
   extern __shared__ float4 dynamic_smem[];
   const int warp_in_block = threadIdx.x / 32;
   const int stage_len = args.stage_len;
-  In* const stage_base = reinterpret_cast<In*>(dynamic_smem) + warp_in_block * 2 * 2 * stage_len;
+  In* const stage_base = reinterpret_cast<In*>(dynamic_smem) + warp_in_block * kStagesPerWarp * stage_len;
   auto stage = [&](int buffer, int side) { return stage_base + (buffer * 2 + side) * stage_len; };  // side 0: u, 1: v
   // StagedOutput: kWarpsPerBlock bands of 16 x band_stride floats after the stages (16-byte aligned: stage_len
   // is a multiple of 16 bytes).
