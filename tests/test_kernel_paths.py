@@ -66,6 +66,36 @@ def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method
     assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
 
 
+# The ways a GEMM block writes its output tile (the wgmma kernel's flush): whole tiles with one chunk of K
+# (direct stores) or split K (atomics), a row and a column scaled so that their unscaling 2^-(shift_a +
+# shift_b) leaves float's normal range, an odd output width (no aligned pairs of columns), and several
+# chunks of K summed in the output; (m, k, n), split-K allowed, line scale factors for a row of a and a
+# column of b.
+FLUSH_CASES = {
+    "whole_tiles": ((256, 96, 256), False, 1.0, 1.0),
+    "whole_tiles_split_k": ((128, 4096, 256), True, 1.0, 1.0),
+    "large_line_scales": ((256, 96, 256), False, 2.0**-80, 2.0**70),
+    "large_line_scales_split_k": ((128, 4096, 256), True, 2.0**-80, 2.0**70),
+    "odd_width": ((256, 96, 257), False, 1.0, 1.0),
+    "chunks": ((256, 2100, 256), False, 1.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", list(FLUSH_CASES))
+def test_corrected_matmul_flush_paths(gemm_device, gen, case):
+    (m, k, n), split_k, a_row_scale, b_col_scale = FLUSH_CASES[case]
+    a = random_tensor(gen, (m, k), "normal", gemm_device)
+    b = random_tensor(gen, (k, n), "normal", gemm_device)
+    a[3] *= a_row_scale
+    b[:, 130] *= b_col_scale
+    if gemm_device == "cuda" and split_k:
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        assert torch.ops.wmmae._corrected_matmul_grid(m, n, k, 1, sms)[1] > 1, "the shape must split K"
+    with deterministic(not split_k):
+        out = torch_wmmae.corrected_matmul(a, b, method="fp16")
+    assert_matmul_within_dot_product_bound(out, a, b, case)
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)

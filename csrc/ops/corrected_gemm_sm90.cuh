@@ -137,14 +137,25 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint
 #endif
 }
 
+// Where a block writes its output tile, kept in shared memory during the stage loop: in registers, these
+// values (or, before, the addresses of all 64 elements of a thread) take registers the loop needs.
+struct OutputTile {
+  float* origin;    // element (m0, n0) of this batch entry's output
+  int rows, cols;   // of the tile inside the output: up to kBlockM, kBlockN
+  bool direct;      // the flush's fast path applies (see flush)
+};
+
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
   using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
-  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, then (TMA) one mbarrier
-  // per stage slot. TMA's 128-byte swizzle wants 1024-byte aligned boxes: the kernel aligns the base.
+  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales and the output tile, then
+  // (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants 1024-byte aligned boxes: the kernel
+  // aligns the base.
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
-  static constexpr std::size_t kBarrierOffset = kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
+  static constexpr std::size_t kOutputTileOffset =
+      kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
+  static constexpr std::size_t kBarrierOffset = kOutputTileOffset + sizeof(OutputTile);
   static constexpr std::size_t kSmemBytes = kBarrierOffset + (kTma ? kStages * sizeof(std::uint64_t) + 1024 : 0);
   static_assert(kStageBytes % 1024 == 0 || !kTma, "TMA boxes stay 1024-byte aligned");
   static_assert(kBarrierOffset % alignof(std::uint64_t) == 0, "mbarriers are 8-byte aligned");
@@ -183,6 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto stage_a_of = [&](int kt) { return stage_a + slot_of(kt) * A::kFloats; };
   auto stage_b_of = [&](int kt) { return stage_b + slot_of(kt) * B::kFloats; };
   std::uint64_t* stage_full = reinterpret_cast<std::uint64_t*>(smem + Cfg::kBarrierOffset);  // TMA only
+  OutputTile* out_tile = reinterpret_cast<OutputTile*>(smem + Cfg::kOutputTileOffset);
   std::uint32_t stage_phases = 0;  // TMA: bit s = parity of slot s's next completion
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
@@ -223,23 +235,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::int64_t k_begin = blockIdx.y * args.k_per_split;
     const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
-    const bool tile_fp16_safe = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
-    if (args.method == Method::automatic && !tile_fp16_safe) {  // the tf32 kernel's tile
-      if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;
-      continue;
-    }
-    const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
-    float b_scale[4];
-    if constexpr (kBMnMajor) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) b_scale[e] = scales.b_scale[b_mn_col + e];
-    } else {
-      b_scale[0] = scales.b_scale[b_split_col(0)];
-      b_scale[1] = scales.b_scale[b_split_col(1)];
-    }
-
-    const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
-    const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
     // TMA: stage kt of this tile into slot kt % kStages (one thread).
     auto issue_tma_stage = [&](int kt) {
       std::uint64_t* full = stage_full + slot_of(kt);
@@ -256,6 +251,47 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_wait(stage_full + slot, (stage_phases >> slot) & 1u);
       stage_phases ^= 1u << slot;
     };
+    const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
+    // The first stages' copies are under way while the line scales load (both wait for global memory).
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
+      }
+    }
+    const bool tile_fp16_safe = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
+    if (args.method == Method::automatic && !tile_fp16_safe) {  // the tf32 kernel's tile
+      if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;
+      if constexpr (kTma) {  // the stages in flight land before their slots are used again
+        for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
+      }
+      continue;
+    }
+    // Whether every line's shift is within +-63, so that each output element's unscaling 2^-(a_shift +
+    // b_shift) is a normal float (one multiplication in the flush instead of ldexpf).
+    static_assert(kThreads == kBlockM + kBlockN, "a thread per line");
+    const int line_shift = threadIdx.x < kBlockM ? scales.a_shift[threadIdx.x] : scales.b_shift[threadIdx.x - kBlockM];
+    const bool small_shifts = __syncthreads_and(line_shift >= -63 && line_shift <= 63);
+    if (threadIdx.x == 0) {
+      float* origin = args.c + (z * m + m0) * n + n0;
+      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
+      const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
+      // Fast path: an interior tile, 8-byte aligned column pairs, unscaling factors that are normal floats.
+      *out_tile = OutputTile{origin, rows, cols,
+                             rows == kBlockM && cols == kBlockN && small_shifts && n % 2 == 0 &&
+                                 reinterpret_cast<std::uintptr_t>(origin) % 8 == 0};
+    }  // read after the stage prologue's barrier
+    const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
+    float b_scale[4];
+    if constexpr (kBMnMajor) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) b_scale[e] = scales.b_scale[b_mn_col + e];
+    } else {
+      b_scale[0] = scales.b_scale[b_split_col(0)];
+      b_scale[1] = scales.b_scale[b_split_col(1)];
+    }
+
+    const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
+    const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
     auto issue_stage = [&](int kt) {
       issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, A::kLd, B::kLd>(
           stage_a_of(kt), stage_b_of(kt), a, b, args, m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK,
@@ -341,30 +377,61 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sum[64], corr[64], hh[64];
 #pragma unroll
     for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
-    float* c = args.c + z * m * n;
     const bool split_k = args.k_splits > 1;
-    // End of a chunk of K: see the WMMA kernel's flush. There each thread reads the earlier partial sum of
-    // an element just before writing it, and ptxas (no free registers) makes every load wait for the
-    // previous element's store: 64 round trips per flush. kReadBack (several chunks, no split-K) loads all
-    // 64 first, into hh (free until the next hi*hi product overwrites it).
-    // Row and column in the block's tile of accumulator element x (wgmma's m64nNk16 layout).
-    auto acc_row = [&](int x) { return row0 + (x & 2) * 4; };
-    auto acc_col = [&](int x) { return 8 * (x / 4) + 2 * quad + (x & 1); };
+    // End of a chunk of K: see the WMMA kernel's flush. Accumulator element x of this thread lies in row
+    // acc_row(x) of its two (row0, row0 + 8) and at column offset acc_col(x) from column 2 * quad (wgmma's
+    // m64nNk16 layout). The flush addresses the two rows by pointer and the columns by constant offsets, so
+    // there are no per-element addresses for the compiler to hoist out of the stage loop (it did, and
+    // spilled all 64).
+    auto acc_row = [](int x) { return (x >> 1) & 1; };
+    auto acc_col = [](int x) { return 8 * (x >> 2) + (x & 1); };
+    // Fast path (one multiplication and a float2 store or atomic per pair of elements, no bounds checks):
+    // OutputTile::direct, and a chunk that is the whole sum or a split-K part (added by atomics). Otherwise
+    // element by element, where each thread reads an element's earlier partial sum just before writing it,
+    // and ptxas (no free registers) makes every load wait for the previous element's store: 64 round trips
+    // per flush. kReadBack (several chunks, no split-K) loads all 64 first, into hh (free until the next
+    // hi*hi product overwrites it).
     auto flush = [&](bool first_chunk, bool last_chunk) {
+      const OutputTile tile = *out_tile;
+      float* const out_row[2] = {tile.origin + row0 * n + 2 * quad, tile.origin + (row0 + 8) * n + 2 * quad};
+      const int a_shift[2] = {scales.a_shift[row0], scales.a_shift[row0 + 8]};
+      const int* b_shift = scales.b_shift + 2 * quad;
+      if (tile.direct && (split_k || (first_chunk && last_chunk))) {
+        // 2^e for e in [-126, 126]: scaling by it rounds once, as ldexpf does.
+        auto pow2 = [](int e) { return __int_as_float((e + 127) << 23); };
+#pragma unroll
+        for (int x = 0; x < 64; x += 2) {
+          const int r = acc_row(x), j = acc_col(x);
+          const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
+          const float2 v =
+              make_float2(__fmul_rn(chunk_result<Method::fp16>(sum[x], corr[x]), pow2(-(a_shift[r] + bs.x))),
+                          __fmul_rn(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), pow2(-(a_shift[r] + bs.y))));
+          float2* out = reinterpret_cast<float2*>(out_row[r] + j);
+          if (split_k) {
+            atomicAdd(out, v);
+          } else {
+            *out = v;
+          }
+          sum[x] = sum[x + 1] = 0.0f;
+        }
+        return;
+      }
+      const bool row_in[2] = {row0 < tile.rows, row0 + 8 < tile.rows};
+      const int cols_in = tile.cols - 2 * quad;  // column offsets j < cols_in are inside the output
       const bool read_back = kReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
       if (read_back) {
 #pragma unroll
         for (int x = 0; x < 64; ++x) {
-          const int r = acc_row(x), col = acc_col(x);
-          hh[x] = m0 + r < m && n0 + col < n ? c[(m0 + r) * n + n0 + col] : 0.0f;
+          const int r = acc_row(x), j = acc_col(x);
+          hh[x] = row_in[r] && j < cols_in ? out_row[r][j] : 0.0f;
         }
       }
 #pragma unroll
       for (int x = 0; x < 64; ++x) {
-        const int r = acc_row(x), col = acc_col(x);
-        if (m0 + r < m && n0 + col < n) {
-          float* out = c + (m0 + r) * n + n0 + col;
-          const int shift = scales.a_shift[r] + scales.b_shift[col];
+        const int r = acc_row(x), j = acc_col(x);
+        if (row_in[r] && j < cols_in) {
+          float* out = out_row[r] + j;
+          const int shift = a_shift[r] + b_shift[j];
           if (read_back) {
             add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x], out, shift, last_chunk);
           } else {
@@ -384,12 +451,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(hh);
     };
     const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
-    const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
 
     if constexpr (kTma) {
-      if (threadIdx.x == 0) {
-        for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
-      }
       if (k_tiles > 0) wait_tma_stage(0);
       __syncthreads();
     } else {
