@@ -10,6 +10,7 @@ elements do send some tiles to the tf32 split.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -81,8 +82,12 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     # Process warm-up, discarded: the first shape measured after other GPU work (tests, the batched_outer
     # benchmark) came out 10-25% slower than the same measurement repeated (H200: 1024^3 auto 0.80x against
-    # 1.02-1.03x in six repeats), so every method runs through one shape before anything is recorded.
-    bench_shape(1024, 1024, 1024, 1, l2, reps=20)
+    # 1.02-1.03x in six repeats), and one pass through it was not enough after an idle GPU (a build): 0.81x
+    # against 1.42x in a fresh process. So every method runs through one shape for at least two seconds
+    # before anything is recorded.
+    deadline = time.perf_counter() + 2.0
+    while time.perf_counter() < deadline:
+        bench_shape(1024, 1024, 1024, 1, l2, reps=20)
     rows = []
     squares = (1024, 2048, 4096, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
     for s in squares:
