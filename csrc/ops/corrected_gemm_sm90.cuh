@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* const out_row[2] = {tile.origin + row0 * n + 2 * quad, tile.origin + (row0 + 8) * n + 2 * quad};
       const int a_shift[2] = {scales.a_shift[row0], scales.a_shift[row0 + 8]};
       const int* b_shift = scales.b_shift + 2 * quad;
-      if (tile.direct && (split_k || (first_chunk && last_chunk))) {
+      // (Never with kReadBack: its blocks sum several chunks without split-K.)
+      if (!kReadBack && tile.direct && (split_k || (first_chunk && last_chunk))) {
         // 2^e for e in [-126, 126]: scaling by it rounds once, as ldexpf does.
         auto pow2 = [](int e) { return __int_as_float((e + 127) << 23); };
 #pragma unroll
