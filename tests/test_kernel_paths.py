@@ -221,34 +221,72 @@ def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
         assert any(READ_BACK_KERNEL.search(name) for name in kernels) == (k > 1024), kernels
 
 
-def _with_large_element_per_line(t: torch.Tensor, lines_dim: int) -> torch.Tensor:
-    """t (a view) with one element of each line along `lines_dim` (a row of a, a column of b) scaled by 2^40,
+def _with_large_element_per_line(t: torch.Tensor, lines_dim: int, factor: float = 2.0**40) -> torch.Tensor:
+    """t (a view) with one element of each line along `lines_dim` (a row of a, a column of b) scaled by `factor`,
     at a position along K that moves with the line, the last line's at the end of K: a pre-pass that skipped
     any line or chunk of one would leave that line's fp16 scale too large, and the product would overflow."""
     lines, k = t.shape[lines_dim], t.shape[1 - lines_dim]
     line = torch.arange(lines, device=t.device)
     kk = (line * 37 + 5) % k
     kk[-1] = k - 1
-    t[(line, kk) if lines_dim == 0 else (kk, line)] *= 2.0**40
+    t[(line, kk) if lines_dim == 0 else (kk, line)] *= factor
     return t
+
+
+# How the pre-pass reads an operand's lines: strided lines in float4s (aligned, the line count and stride
+# multiples of 4) or one element at a time, because the sizes are odd or because the view starts one
+# element into its storage (no float4 is aligned); contiguous lines with each of these shapes and offsets.
+PREPASS_READS = {"float4": (2100, 0), "odd_sizes": (2101, 0), "offset": (2100, 1)}
+
+
+def _operand_view(gen, rows: int, cols: int, column_major: bool, offset: int, device: str) -> torch.Tensor:
+    """An N(0, 1) rows x cols view, row- or column-major, `offset` elements into its storage."""
+    storage = random_tensor(gen, (rows * cols + offset,), "normal", device)
+    strides = (1, rows) if column_major else (cols, 1)
+    return storage.as_strided((rows, cols), strides, offset)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", ["fp16", "auto"])
 @pytest.mark.parametrize("operand", ["b_columns", "a_rows"])
-def test_corrected_matmul_prepass_reads_every_element(device, gen, method, operand):
-    """The exponent pre-pass over strided lines (columns of row-major b, rows of column-major a; 1023 and 52
-    of them: partial blocks of lines, K = 2100: a partial chunk per line) must count every element, or its
-    line's fp16 scale is wrong and the product overflows."""
+@pytest.mark.parametrize("contiguous", [False, True], ids=["strided_lines", "contiguous_lines"])
+@pytest.mark.parametrize("reads", list(PREPASS_READS))
+def test_corrected_matmul_prepass_reads_every_element(device, gen, method, operand, contiguous, reads):
+    """The exponent pre-pass over every kind of line (rows of a, columns of b; contiguous in memory or
+    strided; read in float4s or not) must count every element, or its line's fp16 scale is wrong and the
+    product overflows. 1024 / 52 lines (1023 / 51 with odd sizes): partial blocks of lines; K = 2100 or
+    2101: a partial chunk per line."""
+    k, offset = PREPASS_READS[reads]
+    odd = k % 2
     if operand == "b_columns":
-        a = random_tensor(gen, (48, 2100), "normal", device)
-        b = _with_large_element_per_line(random_tensor(gen, (2100, 1023), "normal", device), 1)
+        a = random_tensor(gen, (48, k), "normal", device)
+        b = _with_large_element_per_line(_operand_view(gen, k, 1024 - odd, contiguous, offset, device), 1)
     else:
-        a = _with_large_element_per_line(random_tensor(gen, (2100, 52), "normal", device).t(), 0)
-        b = random_tensor(gen, (2100, 40), "normal", device)
+        a = _with_large_element_per_line(_operand_view(gen, 52 - odd, k, not contiguous, offset, device), 0)
+        b = random_tensor(gen, (k, 40), "normal", device)
     out = torch_wmmae.corrected_matmul(a, b, method=method)
     assert torch.isfinite(out).all()
-    assert_matmul_within_dot_product_bound(out, a, b, f"{operand} {method}")
+    assert_matmul_within_dot_product_bound(out, a, b, f"{operand} {method} contiguous={contiguous} {reads}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_corrected_matmul_prepass_reads_every_batch_entry(device, gen, a_col, b_col):
+    """Batched operands whose strided lines are read in float4s: every batch entry's lines at its own batch
+    offset (a: 16 of 20 lines of each entry, so the view starts 4 lines into its storage). Both operands have
+    a large element per line, so it is 2^12 (a span fp16 keeps accurate; a missed one still overflows:
+    2^12 * 2^12 * |x| > 65504)."""
+    a = random_tensor(gen, (3, 516, 20), "normal", device)[:, :, 4:].transpose(1, 2) if a_col else \
+        random_tensor(gen, (3, 20, 516), "normal", device)[:, 4:, :]
+    b = random_tensor(gen, (3, 36, 516), "normal", device).transpose(1, 2) if b_col else \
+        random_tensor(gen, (3, 516, 36), "normal", device)
+    for i in range(3):
+        _with_large_element_per_line(a[i], 0, 2.0**12)
+        _with_large_element_per_line(b[i], 1, 2.0**12)
+    out = torch_wmmae.corrected_matmul(a, b, method="fp16")
+    assert torch.isfinite(out).all()
+    assert_matmul_within_dot_product_bound(out, a, b, f"batched a_col={a_col} b_col={b_col}")
 
 
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
