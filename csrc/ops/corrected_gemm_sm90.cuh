@@ -258,26 +258,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
       }
     }
-    const bool tile_fp16_safe = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
-    if (args.method == Method::automatic && !tile_fp16_safe) {  // the tf32 kernel's tile
+    const TileLines lines = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
+    if (args.method == Method::automatic && !lines.fp16_safe) {  // the tf32 kernel's tile
       if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       if constexpr (kTma) {  // the stages in flight land before their slots are used again
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
       }
       continue;
     }
-    // Whether every line's shift is within +-63, so that each output element's unscaling 2^-(a_shift +
-    // b_shift) is a normal float (one multiplication in the flush instead of ldexpf).
-    static_assert(kThreads == kBlockM + kBlockN, "a thread per line");
-    const int line_shift = threadIdx.x < kBlockM ? scales.a_shift[threadIdx.x] : scales.b_shift[threadIdx.x - kBlockM];
-    const bool small_shifts = __syncthreads_and(line_shift >= -63 && line_shift <= 63);
     if (threadIdx.x == 0) {
       float* origin = args.c + (z * m + m0) * n + n0;
       const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
       const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
       // Fast path: an interior tile, 8-byte aligned column pairs, unscaling factors that are normal floats.
       *out_tile = OutputTile{origin, rows, cols,
-                             rows == kBlockM && cols == kBlockN && small_shifts && n % 2 == 0 &&
+                             rows == kBlockM && cols == kBlockN && lines.small_shifts && n % 2 == 0 &&
                                  reinterpret_cast<std::uintptr_t>(origin) % 8 == 0};
     }  // read after the stage prologue's barrier
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
@@ -398,15 +393,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int* b_shift = scales.b_shift + 2 * quad;
       // (Never with kReadBack: its blocks sum several chunks without split-K.)
       if (!kReadBack && tile.direct && (split_k || (first_chunk && last_chunk))) {
-        // 2^e for e in [-126, 126]: scaling by it rounds once, as ldexpf does.
-        auto pow2 = [](int e) { return __int_as_float((e + 127) << 23); };
 #pragma unroll
         for (int x = 0; x < 64; x += 2) {
           const int r = acc_row(x), j = acc_col(x);
           const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
           const float2 v =
-              make_float2(__fmul_rn(chunk_result<Method::fp16>(sum[x], corr[x]), pow2(-(a_shift[r] + bs.x))),
-                          __fmul_rn(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), pow2(-(a_shift[r] + bs.y))));
+              make_float2(unscale_direct(chunk_result<Method::fp16>(sum[x], corr[x]), a_shift[r] + bs.x),
+                          unscale_direct(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
           float2* out = reinterpret_cast<float2*>(out_row[r] + j);
           if (split_k) {
             atomicAdd(out, v);

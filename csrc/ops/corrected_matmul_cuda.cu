@@ -507,12 +507,26 @@ struct LineScales {
         a_shift(reinterpret_cast<int*>(b_scale + kBlockN)), b_shift(a_shift + kBlockM) {}
 };
 
+// What load_line_scales found about the tile's lines (the same in every thread).
+struct TileLines {
+  bool fp16_safe;     // every line is fp16-safe ("auto": the fp16 kernel's tile)
+  bool small_shifts;  // every shift is within +-kDirectShift: see unscale_direct
+};
+// Shifts up to this size make every output element's unscaling factor 2^-(a_shift + b_shift) a normal float.
+constexpr int kDirectShift = 63;
+
+// v * 2^-shift for |shift| <= 2 * kDirectShift: one multiplication by a normal float rounds once, as
+// ldexpf(v, -shift) does, without its range checks.
+__device__ __forceinline__ float unscale_direct(float v, int shift) {
+  return __fmul_rn(v, __int_as_float((127 - shift) << 23));
+}
+
 // Fills the line scales of the tile at (m0, n0) of batch entry z (fp16: from the exponent pre-pass; tf32:
-// ones) and returns whether every line of the tile is fp16-safe. A block-wide barrier.
+// ones) and says what it found (TileLines). Block-wide barriers.
 template <Method M>
-__device__ inline bool load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z, std::int64_t m0,
-                                        std::int64_t n0) {
-  bool lines_fp16_safe = true;
+__device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
+                                             std::int64_t m0, std::int64_t n0) {
+  bool lines_fp16_safe = true, small_shifts = true;
   for (int r = threadIdx.x; r < kBlockM + kBlockN; r += blockDim.x) {
     const bool is_a = r < kBlockM;
     const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
@@ -523,10 +537,12 @@ __device__ inline bool load_line_scales(const GemmArgs& args, const LineScales& 
       shift = M == Method::fp16 ? fp16_shift(range) : 0;
       lines_fp16_safe &= fp16_safe(range);
     }
+    small_shifts &= shift >= -kDirectShift && shift <= kDirectShift;
     (is_a ? ls.a_shift[r] : ls.b_shift[r - kBlockM]) = shift;
     (is_a ? ls.a_scale[r] : ls.b_scale[r - kBlockM]) = ldexpf(1.0f, shift);
   }
-  return __syncthreads_and(lines_fp16_safe);
+  const bool all_safe = __syncthreads_and(lines_fp16_safe);
+  return TileLines{all_safe, static_cast<bool>(__syncthreads_and(small_shifts))};
 }
 
 // One chunk's result for an output element: the hi*hi sum plus the unscaled corrections, or the hi*hi sum
@@ -670,8 +686,8 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
     // Line scales (fp16), and in auto mode whether this kernel owns the tile.
-    const bool tile_fp16_safe = load_line_scales<M>(args, scales, z, m0, n0);
-    if (method == Method::automatic && tile_fp16_safe != (M == Method::fp16)) {
+    const TileLines lines = load_line_scales<M>(args, scales, z, m0, n0);
+    if (method == Method::automatic && lines.fp16_safe != (M == Method::fp16)) {
       if (M == Method::fp16 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       continue;
     }
@@ -707,16 +723,35 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     // End of a chunk of K (corrected_matmul_scheme.hpp): combine the accumulators, add the chunk to the
     // partial sum kept in the output (each element is read and written by the lane that owns it), and after
     // the last chunk undo the scaling. Then restart the accumulators from zero.
+    // Fast path (fp16), as in the wgmma kernel: an interior tile whose unscaling factors are normal floats,
+    // and a chunk that is the whole sum or a split-K part; one multiplication and no bounds checks per
+    // element. (Not for tf32, which does not scale: it would save only the bounds checks, and its
+    // instantiations spilled more with it.)
     float* c = args.c + z * m * n;
     const bool split_k = args.k_splits > 1;
+    const bool direct = M == Method::fp16 && lines.small_shifts && m0 + kBlockM <= m && n0 + kBlockN <= n;
     auto flush = [&](bool first_chunk, bool last_chunk) {
+      const bool fast = direct && (split_k || (first_chunk && last_chunk));
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
 #pragma unroll
         for (int j = 0; j < kFragsN; ++j) {
           const int r0 = wm * kWarpTileM + i * 16, c0 = wn * kWarpTileN + j * 16;
           const std::int64_t gr = m0 + r0, gc = n0 + c0;
-          if (gr < m && gc < n) {
+          if (fast) {
+            const Acc& corr = corr_acc[i][j];
+            const Acc& hh_sum = main_acc[i][j];
+            wmmae::foreach_ij(hh_sum, [&](auto xs, int r, int cc) {
+              const float v = unscale_direct(chunk_result<M>(hh_sum.x[xs.first], corr.x[xs.first]),
+                                             scales.a_shift[r0 + r] + scales.b_shift[c0 + cc]);
+              float* out = c + (gr + r) * n + gc + cc;
+              if (split_k) {
+                atomicAdd(out, v);
+              } else {
+                *out = v;
+              }
+            });
+          } else if (gr < m && gc < n) {
             const wmmae::TileBounds bounds{static_cast<int>(min(static_cast<std::int64_t>(16), m - gr)),
                                            static_cast<int>(min(static_cast<std::int64_t>(16), n - gc))};
             const Acc& corr = corr_acc[i][j];
