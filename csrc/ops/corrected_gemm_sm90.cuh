@@ -258,6 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
       }
     }
+    wait_for_prior_grid();  // the pre-pass's line ranges (and zeroed output); A and B were complete before it
     const TileLines lines = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
     if (args.method == Method::automatic && !lines.fp16_safe) {  // the tf32 kernel's tile
       if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;

@@ -106,6 +106,22 @@ struct GemmArgs {
   std::int64_t k_per_split;        // a multiple of 32 (whole stages for both methods)
 };
 
+// Programmatic dependent launch (sm_90): the GEMM is launched so that its blocks may start while the pre-pass
+// still runs (GemmLaunch::after_prepass); the pre-pass lets them as soon as each of its blocks has started,
+// and the GEMM reads nothing the pre-pass writes (line ranges, the zeroed output) before
+// wait_for_prior_grid(). A and B are complete before the pre-pass starts, so the GEMM may load them first.
+// Both are no-ops without such a launch and before sm_90.
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------------
 // Pre-pass: exponent ranges of the lines (rows of A, columns of B) of a strided matrix.
 // ------------------------------------------------------------------------------------------------------
@@ -295,6 +311,7 @@ __device__ void operand_line_ranges(const LinesArgs& lines, std::int64_t block, 
 }
 
 __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(PrepassArgs args) {
+  allow_dependent_grid();
   std::int64_t block = blockIdx.x;
   if (block < args.blocks[0]) return operand_line_ranges(args.lines[0], block, args.blocks[0], args.line_blocks[0]);
   block -= args.blocks[0];
@@ -342,8 +359,8 @@ std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_blocks) {
 }
 
 // Launches the pre-pass: the line ranges of a and b (either may have no lines) and the zeroing of `zero`
-// (zero_count floats; none when null).
-void launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::int64_t zero_count, int sm_count,
+// (zero_count floats; none when null). Returns whether it launched a kernel.
+bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::int64_t zero_count, int sm_count,
                     cudaStream_t stream) {
   PrepassArgs args{};
   args.lines[0] = a;
@@ -361,11 +378,12 @@ void launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::in
                                  (args.zero_count + 4 * kPrepassThreads - 1) / (4 * kPrepassThreads),
                                  std::int64_t{sm_count} * 8) / slots);
   const std::int64_t blocks = args.blocks[0] + args.blocks[1] + zero_blocks;
-  if (blocks == 0) return;
+  if (blocks == 0) return false;
   TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: the operands have too many lines");
   prepass_kernel<<<dim3(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(slots)), kPrepassThreads, 0, stream>>>(
       args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -686,6 +704,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
     // Line scales (fp16), and in auto mode whether this kernel owns the tile.
+    wait_for_prior_grid();
     const TileLines lines = load_line_scales<M>(args, scales, z, m0, n0);
     if (method == Method::automatic && lines.fp16_safe != (M == Method::fp16)) {
       if (M == Method::fp16 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
@@ -820,10 +839,18 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   }
 }
 
+// Where and how a GEMM kernel is launched. after_prepass: the kernel launched just before on the stream is the
+// pre-pass, which the GEMM may overlap (see allow_dependent_grid).
+struct GemmLaunch {
+  dim3 grid;
+  cudaStream_t stream;
+  bool after_prepass;
+};
+
 // Launches `Kernel` with `smem_bytes` of dynamic shared memory. Above 48 KB this must be allowed per kernel
 // and device, once.
 template <auto Kernel, class... Params>
-void launch_with_smem(std::size_t smem_bytes, const dim3& grid, cudaStream_t stream, const Params&... params) {
+void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Params&... params) {
   static std::atomic<std::uint64_t> configured_devices{0};
   const int device = c10::cuda::current_device();
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
@@ -831,8 +858,19 @@ void launch_with_smem(std::size_t smem_bytes, const dim3& grid, cudaStream_t str
     C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
     configured_devices.fetch_or(bit);
   }
-  Kernel<<<grid, kThreads, smem_bytes, stream>>>(params...);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cudaLaunchConfig_t config{};
+  config.gridDim = launch.grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = launch.stream;
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  if (launch.after_prepass && at::cuda::getCurrentDeviceProperties()->major >= 9) {
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, Kernel, params...));
 }
 
 }  // namespace
@@ -897,45 +935,47 @@ bool sm90_read_back(const GemmArgs& args) {
 }
 
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
-void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const dim3& grid, cudaStream_t stream) {
+void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
   if (sm90_read_back(args)) {
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true>>(Cfg::kSmemBytes, grid,
-                                                                                            stream, args, maps);
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true>>(Cfg::kSmemBytes, launch,
+                                                                                            args, maps);
   } else {
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false>>(Cfg::kSmemBytes, grid,
-                                                                                             stream, args, maps);
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false>>(Cfg::kSmemBytes, launch,
+                                                                                             args, maps);
   }
 }
 #endif
 
 template <Method M, bool kARowMajor, bool kBRowMajor>
-void launch_gemm_variant(const GemmArgs& args, const dim3& grid, cudaStream_t stream) {
+void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (M == Method::fp16 && use_sm90_kernel()) {
 #ifdef WMMAE_HAS_SM90A
     sm90::TmaMaps maps{};
     if (tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
-      launch_sm90<kARowMajor, kBRowMajor, true>(args, maps, grid, stream);
+      launch_sm90<kARowMajor, kBRowMajor, true>(args, maps, launch);
     } else {
-      launch_sm90<kARowMajor, kBRowMajor, false>(args, maps, grid, stream);
+      launch_sm90<kARowMajor, kBRowMajor, false>(args, maps, launch);
     }
 #endif
   } else {
     using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
-    launch_with_smem<corrected_gemm_kernel<M, kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, grid, stream, args);
+    launch_with_smem<corrected_gemm_kernel<M, kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, launch, args);
   }
 }
 
 template <Method M>
-void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream) {
+void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
+                 bool after_prepass) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
-  const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
-                  static_cast<unsigned>(plan.batch_slots));
-  if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, grid, stream);
-  else if (a_row_major) launch_gemm_variant<M, true, false>(args, grid, stream);
-  else if (b_row_major) launch_gemm_variant<M, false, true>(args, grid, stream);
-  else launch_gemm_variant<M, false, false>(args, grid, stream);
+  const GemmLaunch launch{dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
+                               static_cast<unsigned>(plan.batch_slots)),
+                          stream, after_prepass};
+  if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
+  else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
+  else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);
+  else launch_gemm_variant<M, false, false>(args, launch);
 }
 
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one
@@ -998,6 +1038,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const bool zero_output = args.k_splits > 1;
   if (zero_output && method == Method::tf32) C10_CUDA_CHECK(cudaMemsetAsync(args.c, 0, out.nbytes(), stream));
   at::Tensor ranges;
+  bool prepass_launched = false;
   if (method != Method::tf32) {
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
     // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending.
@@ -1013,10 +1054,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
     const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
     const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
-    launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
+    prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
   }
-  if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream);
-  if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream);
+  if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched);
+  if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, false);
   return out.view(plan.out_shape);
 }
 
