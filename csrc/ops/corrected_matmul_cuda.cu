@@ -14,6 +14,7 @@
 //    tiles, K is also split across blocks (split-K, fp32 atomics; not in deterministic mode).
 //    On H100/H200 (sm_90a builds) the fp16 GEMM is the wgmma kernel of corrected_gemm_sm90.cuh instead:
 //    same tiles, stages, scaling and chunked summation, A split straight into wgmma register fragments.
+//    On sm_90 the fp16 GEMM's blocks may start while the pre-pass finishes (allow_dependent_grid).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
 //    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
