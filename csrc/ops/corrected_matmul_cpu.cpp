@@ -47,8 +47,9 @@ SplitOperand split_operand(const at::Tensor& mat) {
   const auto acc = mat.accessor<float, 2>();
   at::parallel_for(0, s.rows, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t r = begin; r < end; ++r) {
-      ExponentRange range = empty_exponent_range();
-      for (std::int64_t k = 0; k < s.k; ++k) include_value(range, acc[r][k]);
+      MagnitudeBits magnitudes = MagnitudeBits::none();
+      for (std::int64_t k = 0; k < s.k; ++k) magnitudes.include(acc[r][k]);
+      const ExponentRange range = magnitudes.exponent_range();
       const int shift = fp16_shift(range);
       s.shift[r] = shift;
       s.fp16_ok[r] = fp16_safe(range);

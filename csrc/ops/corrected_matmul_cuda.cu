@@ -141,41 +141,6 @@ constexpr int kPrepassThreads = 256;
 constexpr int kChunk = 64;    // elements of one line reduced by one thread (strided lines)
 constexpr int kLoadBatch = 8;  // loads a thread has in flight before it looks at their values
 
-// What a thread gathers of a run of elements: the largest finite and the smallest non-zero magnitude as
-// bit patterns (|v|'s bits order as |v| for finite floats, so two integer min/max per element, and the
-// exponents are taken once per run instead of per element), and whether an Inf or NaN was seen.
-// (A plain struct, so that it can live in shared memory: start from no_magnitudes().)
-struct MagnitudeBits {
-  std::uint32_t max_finite;  // 0: no finite non-zero element
-  std::uint32_t min_nonzero;
-  bool nonfinite;
-
-  __device__ __forceinline__ void include(float v) {
-    const std::uint32_t mag = wmmae::float_bits(v) & 0x7fffffffu;
-    const bool finite = mag < 0x7f800000u;
-    max_finite = max(max_finite, finite ? mag : 0u);
-    min_nonzero = min(min_nonzero, finite && mag != 0 ? mag : 0xffffffffu);
-    nonfinite |= !finite;
-  }
-  __device__ __forceinline__ void include(const MagnitudeBits& o) {
-    max_finite = max(max_finite, o.max_finite);
-    min_nonzero = min(min_nonzero, o.min_nonzero);
-    nonfinite |= o.nonfinite;
-  }
-  // The same summary as include_value over the run's elements.
-  __device__ ExponentRange exponent_range() const {
-    ExponentRange range = empty_exponent_range();
-    range.nonfinite = nonfinite;
-    if (max_finite != 0) {
-      range.max_exp = wmmae::float_exponent(__uint_as_float(max_finite));
-      range.min_exp = wmmae::float_exponent(__uint_as_float(min_nonzero));
-    }
-    return range;
-  }
-};
-
-__device__ __forceinline__ MagnitudeBits no_magnitudes() { return MagnitudeBits{0u, 0xffffffffu, false}; }
-
 // Folds the elements first, first + step, ... (< end) of p into r, kLoadBatch loads at a time: the loop
 // carries only r, so without the batching each load's latency would be paid one after the other.
 __device__ inline void include_strided(MagnitudeBits& r, const float* p, std::int64_t first, std::int64_t end,
@@ -217,7 +182,7 @@ __device__ void contiguous_line_ranges(const LinesArgs& args, std::int64_t task,
   const std::int64_t line = task / chunks, chunk = task % chunks;
   const std::int64_t end = min(args.length, (chunk + 1) * kWarpSpan);
   const float* p = batch_base(args, z) + line * args.line_stride;
-  MagnitudeBits r = no_magnitudes();
+  MagnitudeBits r = MagnitudeBits::none();
   include_strided(r, p, chunk * kWarpSpan + (threadIdx.x % 32), end, 32);
   r = warp_merge(r);
   if (threadIdx.x % 32 == 0) args.out.merge(z * args.lines + line, r.exponent_range());
@@ -231,7 +196,7 @@ __device__ void strided_line_ranges(const LinesArgs& args, std::int64_t line, st
   const float* base = batch_base(args, z) + line * args.line_stride;
   for (std::int64_t begin = chunk0 * kChunk; begin < args.length; begin += chunk_step * kChunk) {
     const std::int64_t end = min(args.length, begin + kChunk);
-    MagnitudeBits r = no_magnitudes();
+    MagnitudeBits r = MagnitudeBits::none();
     include_strided(r, base, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
     args.out.merge(z * args.lines + line, r.exponent_range());
   }
@@ -248,7 +213,8 @@ __device__ void strided_line_tile_ranges(const LinesArgs& args, std::int64_t lin
   __shared__ MagnitudeBits partial[kPrepassThreads / 32][kTileLines];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t line0 = line_tile * kTileLines + 4 * lane;
-  MagnitudeBits r[4] = {no_magnitudes(), no_magnitudes(), no_magnitudes(), no_magnitudes()};
+  const MagnitudeBits none = MagnitudeBits::none();
+  MagnitudeBits r[4] = {none, none, none, none};
   if (line0 < args.lines) {  // all four lines are there: lines % 4 == 0
     const float4* p = reinterpret_cast<const float4*>(batch_base(args, z) + line0);
     const std::int64_t step = args.elem_stride / 4;

@@ -43,16 +43,39 @@ constexpr int kNoExponent = -1000;
 
 WMMAE_HD inline ExponentRange empty_exponent_range() { return ExponentRange{kNoExponent, -kNoExponent, false}; }
 
-WMMAE_HD inline void include_value(ExponentRange& r, float v) {
-  const std::uint32_t u = wmmae::float_bits(v);
-  if (!wmmae::is_finite_bits(u)) {
-    r.nonfinite = true;
-  } else if ((u & 0x7fffffffu) != 0) {
-    const int e = wmmae::float_exponent(v);
-    r.max_exp = e > r.max_exp ? e : r.max_exp;
-    r.min_exp = e < r.min_exp ? e : r.min_exp;
+// What is gathered of a run of elements to find their ExponentRange: the largest finite and the smallest
+// non-zero magnitude as bit patterns (|v|'s bits order as |v| for finite floats, so two integer min/max per
+// element, and the exponents are taken once per run), and whether an Inf or NaN was seen. Runs merge with
+// include(other). A plain struct, so that the CUDA pre-pass can keep it in shared memory: start from none().
+struct MagnitudeBits {
+  std::uint32_t max_finite;  // 0: no finite non-zero element
+  std::uint32_t min_nonzero;
+  bool nonfinite;
+
+  WMMAE_HD static MagnitudeBits none() { return MagnitudeBits{0u, 0xffffffffu, false}; }
+  WMMAE_HD void include(float v) {
+    const std::uint32_t mag = wmmae::float_bits(v) & 0x7fffffffu;
+    const bool finite = mag < 0x7f800000u;
+    const std::uint32_t as_max = finite ? mag : 0u, as_min = finite && mag != 0 ? mag : 0xffffffffu;
+    max_finite = as_max > max_finite ? as_max : max_finite;
+    min_nonzero = as_min < min_nonzero ? as_min : min_nonzero;
+    nonfinite |= !finite;
   }
-}
+  WMMAE_HD void include(const MagnitudeBits& o) {
+    max_finite = o.max_finite > max_finite ? o.max_finite : max_finite;
+    min_nonzero = o.min_nonzero < min_nonzero ? o.min_nonzero : min_nonzero;
+    nonfinite |= o.nonfinite;
+  }
+  WMMAE_HD ExponentRange exponent_range() const {
+    ExponentRange range = empty_exponent_range();
+    range.nonfinite = nonfinite;
+    if (max_finite != 0) {
+      range.max_exp = wmmae::float_exponent(wmmae::bits_float(max_finite));
+      range.min_exp = wmmae::float_exponent(wmmae::bits_float(min_nonzero));
+    }
+    return range;
+  }
+};
 
 // Scaling a row by 2^(kFp16TargetExp - max_exp) puts its largest magnitude in [2^14, 2^15): far enough
 // below fp16's maximum (65504) that neither the high part nor the products (< 2^30) overflow.
