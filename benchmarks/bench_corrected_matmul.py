@@ -57,9 +57,10 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     torch.backends.cuda.matmul.allow_tf32 = True
     tf32_ms = timed(torch.matmul)
     torch.backends.cuda.matmul.allow_tf32 = False
-    # The launch grid of the CUDA GEMM for this problem (tiles x K splits), as the op chose it.
+    # The launch grid of the CUDA GEMM for this problem (tiles x K splits, or the wgmma kernel's stream-K
+    # blocks), as the op chose it.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles, k_splits, blocks = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
+    tiles, k_splits, blocks, stream_k_blocks = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
     out = []
     for method in methods:
         ms = timed(lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method))
@@ -67,7 +68,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
         out.append(dict(m=m, n=n, k=k, batch=batch, method=method, dist=dist, ms=ms, tflops=flop / ms / 1e9,
                         fp32_tflops=flop / fp32_ms / 1e9, tf32_tflops=flop / tf32_ms / 1e9,
                         speedup_vs_fp32=fp32_ms / ms, rel_err=err, fp32_rel_err=fp32_err,
-                        tiles=tiles, k_splits=k_splits, blocks=blocks))
+                        tiles=tiles, k_splits=k_splits, blocks=blocks, stream_k_blocks=stream_k_blocks))
     del a_sets, b_sets
     torch.cuda.empty_cache()
     return out

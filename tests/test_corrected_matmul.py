@@ -671,24 +671,42 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
     assert rel_err(out[:1, :64], ref) < 1e-6
 
 
-def test_launch_grid_rule():
+def test_launch_grid_rule(monkeypatch):
     """torch.ops.wmmae._corrected_matmul_grid (what the CUDA op launches, recorded by the benchmarks): one
     128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below
-    256 k per split, and never in deterministic mode."""
+    256 k per split, and never in deterministic mode. The wgmma kernel's stream-K schedule: one block per SM at
+    most, at least 8 k-stages per block, chosen where the split-K grid keeps less than 90% of its waves' SM
+    slots busy, and as TORCH_WMMAE_STREAM_K says (0: never, 1: wherever it can run); never in deterministic mode."""
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     grid = torch.ops.wmmae._corrected_matmul_grid
-    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1, 1024]    # 1024 tiles >= 4 x 132: no split
-    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1, 6]          # partial tiles count; K too short to split
-    tiles, splits, blocks = grid(128, 128, 4096, 1, 132)
+    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1, 1024, 0]  # 1024 tiles >= 4 x 132: no split
+    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1, 6, 0]        # partial tiles count; K too short to split
+    tiles, splits, blocks, _ = grid(128, 128, 4096, 1, 132)
     assert tiles == 1 and 1 < splits <= 32 and blocks == splits
     k_per_split = (4096 + splits - 1) // splits
     assert (k_per_split + 31) // 32 * 32 >= 256                # every split keeps >= 256 k (whole 32-k stages)
-    assert grid(128, 128, 4096, 1000, 132)[1:] == [1, 1000]     # batch entries fill the GPU
+    assert grid(128, 128, 4096, 1000, 132)[1:] == [1, 1000, 0]  # batch entries fill the GPU
+    assert grid(128, 128, 64, 70000, 132)[2] == 65535           # the grid takes 65535 batch entries at once
     # Tiles that nearly fill one wave are not split into several short waves (a block costs ~1024 k besides
     # its stages: H200, 128 x 14400 x 4096 unsplit 301 us, split 7 ways 405 us).
-    assert grid(128, 14400, 4096, 1, 132) == [113, 1, 113]
-    assert grid(128, 45120, 4096, 1, 132) == [353, 1, 353]
-    assert grid(128, 128, 64, 70000, 132)[2] == 65535           # the grid takes 65535 batch entries at once
-    with deterministic():
-        assert grid(128, 128, 4096, 1, 132) == [1, 1, 1]
+    assert grid(128, 14400, 4096, 1, 132)[:3] == [113, 1, 113]
+    assert grid(128, 45120, 4096, 1, 132)[:3] == [353, 1, 353]
+    # 90 tiles of 128 stages: the grid leaves 42 of 132 SMs idle for the whole call, stream-K spreads the
+    # 11520 (tile, stage) units over all of them.
+    assert grid(128, 11520, 4096, 1, 132)[1:] == [1, 90, 132]
+    # Grids that keep 97% of their waves' SM slots busy stay grids (stream-K's pieces and atomics cost more).
+    assert grid(2048, 2048, 2048, 1, 132) == [256, 1, 256, 0]
+    assert grid(1024, 1024, 1024, 8, 132) == [64, 1, 512, 0]
+    for m, n, k, batch in [(128, 11520, 4096, 1), (48, 40, 2100, 1), (130, 129, 700, 3), (16, 16, 512, 1)]:
+        monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
+        tiles, _, _, blocks = grid(m, n, k, batch, 132)
+        units = tiles * batch * ((k + 31) // 32)
+        assert blocks == min(132, units // 8), (m, n, k, batch)   # >= 8 stages per block, <= 1 block per SM
+        monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "0")
+        assert grid(m, n, k, batch, 132)[3] == 0
+        with deterministic():
+            monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
+            assert grid(m, n, k, batch, 132)[1:] == [1, tiles * min(batch, 65535), 0]
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K")
     with pytest.raises(RuntimeError, match="sm_count"):
         grid(128, 128, 4096, 1, 0)

@@ -31,9 +31,10 @@ METHODS = ["fp16", "tf32", "auto"]
 
 # The CPU kernels, and on CUDA both GEMM kernel families: the default (wgmma on H100/H200 builds with sm_90a,
 # its fp32 stages by TMA where the operands allow, else WMMA), the wgmma kernel with cp.async stages only
-# (TORCH_WMMAE_SM90_TMA=0), and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run.
+# (TORCH_WMMAE_SM90_TMA=0), the default with the wgmma kernel's stream-K schedule wherever it can run
+# (TORCH_WMMAE_STREAM_K=1), and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run.
 GEMM_TARGETS = ["cpu", *[pytest.param(name, marks=[requires_cuda, pytest.mark.gpu])
-                         for name in ("cuda", "cuda_no_tma", "cuda_portable_gemm")]]
+                         for name in ("cuda", "cuda_no_tma", "cuda_stream_k", "cuda_portable_gemm")]]
 
 
 @pytest.fixture(params=GEMM_TARGETS)
@@ -41,6 +42,10 @@ def gemm_device(request, monkeypatch) -> str:
     """The device of a corrected_matmul call, with the GEMM kernel family selected."""
     monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if request.param == "cuda_portable_gemm" else "0")
     monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "0" if request.param == "cuda_no_tma" else "1")
+    if request.param == "cuda_stream_k":
+        monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
+    else:
+        monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     return "cpu" if request.param == "cpu" else "cuda"
 
 
@@ -99,13 +104,17 @@ def test_corrected_matmul_flush_paths(gemm_device, gen, case):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
-def test_corrected_matmul_split_k_output_starts_from_garbage(gen, method):
-    """With split-K the GEMM adds into the output, which the pre-pass (fp16, auto) or a fill (tf32) zeroes
-    first: an output block that the caching allocator hands back full of NaN must not leak into the result."""
+@pytest.mark.parametrize("schedule", ["split_k", "stream_k"])
+def test_corrected_matmul_split_k_output_starts_from_garbage(gen, monkeypatch, method, schedule):
+    """With split-K or stream-K the GEMM adds into the output, which the pre-pass (fp16, auto) or a fill (tf32)
+    zeroes first: an output block that the caching allocator hands back full of NaN must not leak into the
+    result."""
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1" if schedule == "stream_k" else "0")
     a = random_tensor(gen, (48, 2100), "normal", "cuda")
     b = random_tensor(gen, (2100, 40), "normal", "cuda")
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    assert torch.ops.wmmae._corrected_matmul_grid(48, 40, 2100, 1, sms)[1] > 1, "the shape must split K"
+    tiles, splits, _, stream_k_blocks = torch.ops.wmmae._corrected_matmul_grid(48, 40, 2100, 1, sms)
+    assert splits > 1 and (stream_k_blocks > 1) == (schedule == "stream_k"), "the shape must split K"
     poison = torch.full((48, 40), float("nan"), device="cuda")
     address = poison.data_ptr()
     del poison
@@ -219,6 +228,46 @@ def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
     assert_matmul_within_dot_product_bound(out["c"][finite], a[finite], b, f"k={k}")
     if kernel == "default" and _has_sm90_gemm():
         assert any(READ_BACK_KERNEL.search(name) for name in kernels) == (k > 1024), kernels
+
+
+# Stream-K (TORCH_WMMAE_STREAM_K=1): (a shape, b shape, a column-major, b column-major). Every block's share
+# of the (tile, k-stage) units is cut where it crosses into the next tile; the cases make shares that start
+# and end inside tiles, run across partial tiles and across batch entries, span a chunk boundary of K
+# (chunks of 1024 = 32 stages, shares of about 35 stages here), and read both layouts (TMA and cp.async).
+STREAM_K_CASES = {
+    "shares_cross_tiles": ((200, 3000), (3000, 300), False, False),
+    "shares_cross_batch_entries": ((3, 130, 700), (700, 129), False, False),
+    "long_shares_cross_chunks": ((512, 9216), (9216, 512), False, False),
+    "a_col_b_col": ((200, 3000), (3000, 300), True, True),
+    "b_col_odd_sizes": ((17, 1000), (1000, 1000), False, True),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("stages", ["tma", "cp_async"])
+@pytest.mark.parametrize("case", list(STREAM_K_CASES))
+def test_corrected_matmul_stream_k(gen, monkeypatch, case, stages, method):
+    """The stream-K schedule covers every (tile, k-stage) of the product exactly once: a unit missed or taken
+    twice puts the elements of that tile far outside the dot-product bound. "auto" with one row of a spanning
+    2^60 sends that row's tiles to the tf32 kernel (its own grid), the others stay with stream-K."""
+    a_shape, b_shape, a_col, b_col = STREAM_K_CASES[case]
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
+    monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "1" if stages == "tma" else "0")
+    a = random_tensor_in_layout(a_shape, a_col, gen, "cuda")
+    b = random_tensor_in_layout(b_shape, b_col, gen, "cuda")
+    if method == "auto":
+        a[..., 7, 1] = 2.0**30
+        a[..., 7, 2] = 2.0**-30
+    m, k = a_shape[-2:]
+    n = b_shape[-1]
+    batch = math.prod(a_shape[:-2])
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    tiles, _, _, blocks = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
+    assert 1 < blocks <= sms and tiles * batch * ((k + 31) // 32) >= 8 * blocks
+    out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert_matmul_within_dot_product_bound(out, a, b.expand(*a.shape[:-2], *b.shape), case)
 
 
 def _with_large_element_per_line(t: torch.Tensor, lines_dim: int, factor: float = 2.0**40) -> torch.Tensor:

@@ -24,6 +24,7 @@ namespace sm90 {
 constexpr int kBlockK = 32;
 constexpr int kStages = 4;
 static_assert(kThreads == 256 && kBlockM == 128 && kBlockN == 128, "two warpgroups of 64 x 128");
+static_assert(kBlockK == kGemmStageK, "stream-K's units are the kernel's stages");
 
 // An fp32 stage tile, in the operand's orientation in global memory. Filled by cp.async: rows padded so that
 // the fragment reads of A (float2 per lane, inner extent 32) and the transposing reads of the B split (inner
@@ -149,13 +150,14 @@ template <bool kARowMajor, bool kBRowMajor, bool kTma>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
   using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
-  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales and the output tile, then
-  // (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants 1024-byte aligned boxes: the kernel
-  // aligns the base.
+  // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, the output tile and the
+  // block's current piece of work, then (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants
+  // 1024-byte aligned boxes: the kernel aligns the base.
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
   static constexpr std::size_t kOutputTileOffset =
       kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
-  static constexpr std::size_t kBarrierOffset = kOutputTileOffset + sizeof(OutputTile);
+  static constexpr std::size_t kWorkOffset = (kOutputTileOffset + sizeof(OutputTile) + 7) / 8 * 8;
+  static constexpr std::size_t kBarrierOffset = kWorkOffset + sizeof(TileWork);
   static constexpr std::size_t kSmemBytes = kBarrierOffset + (kTma ? kStages * sizeof(std::uint64_t) + 1024 : 0);
   static_assert(kStageBytes % 1024 == 0 || !kTma, "TMA boxes stay 1024-byte aligned");
   static_assert(kBarrierOffset % alignof(std::uint64_t) == 0, "mbarriers are 8-byte aligned");
@@ -208,8 +210,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
-  std::int64_t m0, n0;
-  tile_origin(m, n, m0, n0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // wgmma fragment coordinates: warp w of warpgroup g owns rows 64 g + 16 w + (lane / 4) and 8 below; in
   // A's fragment, columns (k) 2 (lane % 4) + {0, 1} and 8 to the right; in the accumulator, columns
@@ -227,13 +227,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 128-byte swizzle puts in 8 different bank groups; each half warp's 8-byte stores fill one core matrix).
   const int b_mn_col = 16 * warp + 4 * (lane / 8), b_mn_row = lane % 8;
 
-  for (std::int64_t z = blockIdx.z; z < args.num_batches; z += gridDim.z) {
+  BlockWork work(reinterpret_cast<TileWork*>(smem + Cfg::kWorkOffset));
+  for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
+    const std::int64_t z = piece.z;
+    std::int64_t m0, n0;
+    tile_origin(m, n, piece.tile, m0, n0);
     std::int64_t a_off, b_off;
     batch_offsets(args.batch, z, a_off, b_off);
     const float* a = args.a + a_off;
     const float* b = args.b + b_off;
-    const std::int64_t k_begin = blockIdx.y * args.k_per_split;
-    const std::int64_t k_end = min(k, k_begin + args.k_per_split);
+    const std::int64_t k_begin = piece.stage_begin * kBlockK;
+    const std::int64_t k_end = min(k, piece.stage_end * kBlockK);
 
     // TMA: stage kt of this tile into slot kt % kStages (one thread).
     auto issue_tma_stage = [&](int kt) {
@@ -373,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sum[64], corr[64], hh[64];
 #pragma unroll
     for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
-    const bool split_k = args.k_splits > 1;
+    const bool atomic_output = args.adds_into_output();  // split-K or stream-K
     // End of a chunk of K: see the WMMA kernel's flush. Accumulator element x of this thread lies in row
     // acc_row(x) of its two (row0, row0 + 8) and at column offset acc_col(x) from column 2 * quad (wgmma's
     // m64nNk16 layout). The flush addresses the two rows by pointer and the columns by constant offsets, so
@@ -382,8 +386,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto acc_row = [](int x) { return (x >> 1) & 1; };
     auto acc_col = [](int x) { return 8 * (x >> 2) + (x & 1); };
     // Fast path (one multiplication and a float2 store or atomic per pair of elements, no bounds checks):
-    // OutputTile::direct, and a chunk that is the whole sum or a split-K part (added by atomics). Otherwise
-    // element by element, where each thread reads an element's earlier partial sum just before writing it,
+    // OutputTile::direct, and a chunk that is the whole sum or a split-K or stream-K part (added by atomics).
+    // Otherwise element by element, where each thread reads an element's earlier partial sum just before writing it,
     // and ptxas (no free registers) makes every load wait for the previous element's store: 64 round trips
     // per flush. kReadBack (several chunks, no split-K) loads all 64 first, into hh (free until the next
     // hi*hi product overwrites it).
@@ -393,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int a_shift[2] = {scales.a_shift[row0], scales.a_shift[row0 + 8]};
       const int* b_shift = scales.b_shift + 2 * quad;
       // (Never with kReadBack: its blocks sum several chunks without split-K.)
-      if (!kReadBack && tile.direct && (split_k || (first_chunk && last_chunk))) {
+      if (!kReadBack && tile.direct && (atomic_output || (first_chunk && last_chunk))) {
 #pragma unroll
         for (int x = 0; x < 64; x += 2) {
           const int r = acc_row(x), j = acc_col(x);
@@ -402,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               make_float2(unscale_direct(chunk_result<Method::fp16>(sum[x], corr[x]), a_shift[r] + bs.x),
                           unscale_direct(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
           float2* out = reinterpret_cast<float2*>(out_row[r] + j);
-          if (split_k) {
+          if (atomic_output) {
             atomicAdd(out, v);
           } else {
             *out = v;
@@ -431,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x], out, shift, last_chunk);
           } else {
             // With kReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
-            add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, !kReadBack && split_k,
+            add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, !kReadBack && atomic_output,
                                               kReadBack || first_chunk, last_chunk);
           }
         }
@@ -512,8 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(corr);
       flush(chunk_begin == 0, chunk_end == k_tiles);
     }
-    cp_async_wait<0>();
-    __syncthreads();  // the next batch index rewrites the scales and the stages
+    cp_async_wait<0>();  // (the barrier of work.next: the next piece rewrites the scales and the stages)
   }
 #endif
 }

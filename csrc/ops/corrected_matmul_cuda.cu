@@ -11,7 +11,8 @@
 //    accumulator that is added to the fp32 result outside the tensor core (round to nearest), and
 //    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks (accumulation_chunk) whose
 //    results are added in the output tile (two-level summation, no extra registers). With few output
-//    tiles, K is also split across blocks (split-K, fp32 atomics; not in deterministic mode).
+//    tiles, K is also split across blocks (split-K, fp32 atomics; not in deterministic mode), or, in the
+//    wgmma kernel, every block takes an equal share of all (tile, k-stage) units (stream-K, also atomics).
 //    On H100/H200 (sm_90a builds) the fp16 GEMM is the wgmma kernel of corrected_gemm_sm90.cuh instead:
 //    same tiles, stages, scaling and chunked summation, A split straight into wgmma register fragments.
 //    On sm_90 the fp16 GEMM's blocks may start while the pre-pass finishes (allow_dependent_grid).
@@ -105,6 +106,10 @@ struct GemmArgs {
   // the output starts zeroed and every chunk result is added with an fp32 atomic (no workspace).
   int k_splits;
   std::int64_t k_per_split;        // a multiple of 32 (whole stages for both methods)
+  // The wgmma kernel's stream-K schedule (stream_k_share, matmul_plan.hpp), launched as that many blocks
+  // instead of the grid of tiles x k_splits x batch; 0: the grid. Its output too starts zeroed and takes atomics.
+  std::int64_t stream_k_blocks;
+  __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
 
 // Programmatic dependent launch (sm_90): the GEMM is launched so that its blocks may start while the pre-pass
@@ -470,15 +475,71 @@ __device__ __forceinline__ void load_stage(float* dst, const float* base, std::i
   }
 }
 
-// The output tile of this block: groups of kGroupM tile rows, column by column inside a group (L2 reuse of B).
-__device__ inline void tile_origin(std::int64_t m, std::int64_t n, std::int64_t& m0, std::int64_t& n0) {
+// Where output tile `tile` starts: groups of kGroupM tile rows, column by column inside a group (consecutive
+// tiles share columns of B in L2).
+__device__ inline void tile_origin(std::int64_t m, std::int64_t n, std::int64_t tile, std::int64_t& m0,
+                                   std::int64_t& n0) {
   const std::int64_t tiles_m = (m + kBlockM - 1) / kBlockM, tiles_n = (n + kBlockN - 1) / kBlockN;
-  const std::int64_t tile = blockIdx.x;
   const std::int64_t first_m = tile / (kGroupM * tiles_n) * kGroupM;
   const std::int64_t group_rows = min(static_cast<std::int64_t>(kGroupM), tiles_m - first_m);
   m0 = (first_m + (tile % (kGroupM * tiles_n)) % group_rows) * kBlockM;
   n0 = (tile % (kGroupM * tiles_n)) / group_rows * kBlockN;
 }
+
+// The pieces of work (TileWork) of one GEMM block, one after the other: with stream-K its share of the units
+// (stream_k_share); otherwise tile blockIdx.x, K split blockIdx.y, for batch entries blockIdx.z, blockIdx.z +
+// gridDim.z, ... The current piece lives in shared memory, where thread 0 advances it between two barriers:
+// the wgmma kernel has no registers to spare for a cursor across its stage loop (it spilled).
+class BlockWork {
+ public:
+  __device__ explicit BlockWork(TileWork* current) : current_(current) {}
+  static __device__ bool valid(const TileWork& w) { return w.z >= 0; }
+  __device__ TileWork first(const GemmArgs& args) {
+    if (threadIdx.x == 0) {
+      *current_ = args.stream_k_blocks > 0
+                      ? stream_k_from(args, stream_k_share(blockIdx.x, args.stream_k_blocks, units(args)))
+                      : grid_piece(args, blockIdx.z);
+    }
+    __syncthreads();
+    return *current_;
+  }
+  __device__ TileWork next(const GemmArgs& args) {
+    __syncthreads();  // everyone has read the current piece
+    if (threadIdx.x == 0) {
+      const TileWork w = *current_;  // the share goes on where this piece ends
+      *current_ = args.stream_k_blocks > 0
+                      ? stream_k_from(args, (w.z * tiles(args) + w.tile) * k_stages(args) + w.stage_end)
+                      : grid_piece(args, w.z + gridDim.z);
+    }
+    __syncthreads();
+    return *current_;
+  }
+
+ private:
+  __device__ static std::int64_t tiles(const GemmArgs& args) {
+    return ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
+  }
+  __device__ static std::int64_t k_stages(const GemmArgs& args) {
+    return (args.k + kGemmStageK - 1) / kGemmStageK;
+  }
+  __device__ static std::int64_t units(const GemmArgs& args) {
+    return tiles(args) * args.num_batches * k_stages(args);
+  }
+  __device__ static TileWork none() { return TileWork{-1, 0, 0, 0}; }
+  // The piece of this block's stream-K share that starts at `unit`.
+  __device__ static TileWork stream_k_from(const GemmArgs& args, std::int64_t unit) {
+    const std::int64_t end = stream_k_share(blockIdx.x + 1, args.stream_k_blocks, units(args));
+    return unit < end ? stream_k_piece(unit, end, tiles(args), k_stages(args)) : none();
+  }
+  // This block's tile and split of K in batch entry z of the grid.
+  __device__ static TileWork grid_piece(const GemmArgs& args, std::int64_t z) {
+    if (z >= args.num_batches) return none();
+    const std::int64_t split_stages = args.k_per_split / kGemmStageK;
+    return TileWork{z, blockIdx.x, blockIdx.y * split_stages,
+                    min(k_stages(args), (blockIdx.y + 1) * split_stages)};
+  }
+  TileWork* current_;
+};
 
 // Per-line power-of-two scales of one output tile in shared memory: rows of A, columns of B.
 struct LineScales {
@@ -658,7 +719,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   const Method method = args.method;
   if (M == Method::tf32 && method == Method::automatic && *args.tf32_tiles_pending == 0) return;
   std::int64_t m0, n0;
-  tile_origin(m, n, m0, n0);
+  tile_origin(m, n, blockIdx.x, m0, n0);
   const int warp = threadIdx.x / 32;
   const int wm = warp / kWarpsN, wn = warp % kWarpsN;
 
@@ -714,7 +775,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     // element. (Not for tf32, which does not scale: it would save only the bounds checks, and its
     // instantiations spilled more with it.)
     float* c = args.c + z * m * n;
-    const bool split_k = args.k_splits > 1;
+    const bool split_k = args.k_splits > 1;  // (stream-K is the wgmma kernel's schedule, never this kernel's)
     const bool direct = M == Method::fp16 && lines.small_shifts && m0 + kBlockM <= m && n0 + kBlockN <= n;
     auto flush = [&](bool first_chunk, bool last_chunk) {
       const bool fast = direct && (split_k || (first_chunk && last_chunk));
@@ -897,7 +958,7 @@ bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
 // (nothing to read back) 4-8% slower (4096^3, 2048^3, 64 x 512^3) and 8192^3 (chunks of 4096) 0.5% slower
 // when one kernel did both.
 bool sm90_read_back(const GemmArgs& args) {
-  return args.k_splits == 1 && accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall &&
+  return !args.adds_into_output() && accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall &&
          args.k > kAccumulationChunkSmall;
 }
 
@@ -936,8 +997,10 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
                  bool after_prepass) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
-  const GemmLaunch launch{dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
-                               static_cast<unsigned>(plan.batch_slots)),
+  const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
+  const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
+                                   : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
+                                          static_cast<unsigned>(plan.batch_slots)),
                           stream, after_prepass};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
@@ -1000,9 +1063,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count);
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
-  // With split-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is no
-  // pre-pass (tf32; cheaper for the host than out.zero_(), see the range workspace below).
-  const bool zero_output = args.k_splits > 1;
+  // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
+  args.stream_k_blocks = method != Method::tf32 && use_sm90_kernel() ? grid.stream_k_blocks : 0;
+  // With split-K or stream-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is
+  // no pre-pass (tf32; cheaper for the host than out.zero_(), see the range workspace below).
+  const bool zero_output = args.adds_into_output();
   if (zero_output && method == Method::tf32) C10_CUDA_CHECK(cudaMemsetAsync(args.c, 0, out.nbytes(), stream));
   at::Tensor ranges;
   bool prepass_launched = false;

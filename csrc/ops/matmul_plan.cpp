@@ -4,6 +4,8 @@
 #include <ATen/ExpandUtils.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace wmmae_ops {
 
@@ -105,6 +107,36 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
   return best;
 }
 
+// TORCH_WMMAE_STREAM_K (see plan_gemm_grid): kChoose when unset.
+enum class StreamK { kChoose, kNever, kAlways };
+StreamK stream_k_policy() {
+  const char* env = std::getenv("TORCH_WMMAE_STREAM_K");
+  if (env == nullptr) return StreamK::kChoose;
+  return std::string(env) == "0" ? StreamK::kNever : std::string(env) == "1" ? StreamK::kAlways : StreamK::kChoose;
+}
+
+// Stream-K's blocks: one per SM, each at least kMinStreamKStages stages (as split-K's 256 k). Chosen where its
+// blocks have fewer than kStreamKGain times the k-stages that the split-K grid's waves run one after the other
+// (waves x stages per split). Stream-K balances the waves but costs more per block (it crosses into two or
+// three tiles, each a pipeline fill and a flush of atomics into an output that the pre-pass must zero first),
+// so it loses where the grid is nearly balanced already. H200, the same build, GPU time per call, grid ->
+// stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K 0.73-0.93 of the grid's stages) 6-25%
+// faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98) 2.5-8% slower (benchmarks/NOTES.md, session 16).
+constexpr std::int64_t kMinStreamKStages = 8;
+constexpr double kStreamKGain = 0.95;
+std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, int sms, StreamK policy) {
+  if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
+  const std::int64_t k_stages = (k + kGemmStageK - 1) / kGemmStageK;
+  const std::int64_t blocks = std::min<std::int64_t>(sms, tiles * k_stages / kMinStreamKStages);
+  if (blocks < 2) return 0;
+  if (policy == StreamK::kAlways) return blocks;
+  if (tiles >= 4 * static_cast<std::int64_t>(sms)) return 0;
+  const std::int64_t split_waves = (tiles * k_splits + sms - 1) / sms;
+  const std::int64_t split_stages = split_waves * (k_per_split(k, k_splits) / kGemmStageK);
+  const std::int64_t stream_k_stages = (tiles * k_stages + blocks - 1) / blocks;
+  return static_cast<double>(stream_k_stages) < kStreamKGain * static_cast<double>(split_stages) ? blocks : 0;
+}
+
 }  // namespace
 
 GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count) {
@@ -116,6 +148,8 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   grid.batch_slots = std::min(batch, kMaxGridYZ);
   grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
   grid.k_per_split = k_per_split(k, grid.k_splits);
+  grid.stream_k_blocks =
+      stream_k_blocks(grid.tiles * batch, k, grid.k_splits, static_cast<int>(sm_count), stream_k_policy());
   return grid;
 }
 

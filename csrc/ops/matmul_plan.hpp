@@ -48,7 +48,9 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 
 // The CUDA GEMM's grid: kGemmTile x kGemmTile output tiles per batch entry (the grid's z extent takes at most
 // kMaxGridYZ batch entries, the rest in a loop), each K split `k_splits` times into whole 32-wide k-stages.
+// Or, for the wgmma fp16 kernel, stream-K: see StreamKWork.
 constexpr int kGemmTile = 128;
+constexpr int kGemmStageK = 32;                 // k extent of one stage of the fp16 kernels
 constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on a grid's y and z extents
 
 struct GemmGrid {
@@ -56,11 +58,36 @@ struct GemmGrid {
   int k_splits;              // blocks per tile along K, 1: no split-K (grid y)
   std::int64_t batch_slots;  // batch entries launched at once, min(batch, kMaxGridYZ) (grid z)
   std::int64_t k_per_split;  // K elements per split, a multiple of 32
+  // Blocks of the wgmma fp16 kernel's stream-K schedule, which it runs instead of this grid when > 0.
+  std::int64_t stream_k_blocks;
   std::int64_t blocks() const { return tiles * k_splits * batch_slots; }
 };
 
-// Split-K when the output has too few tiles to fill `sm_count` SMs (one block per SM); off in deterministic
-// mode. Host code: the CUDA op launches with it, and the benchmarks record it (op _corrected_matmul_grid).
+// Split-K when the output has too few tiles to fill `sm_count` SMs (one block per SM); stream-K where it
+// promises to be faster than that, or as TORCH_WMMAE_STREAM_K says: 0 never, 1 wherever it can run (read on
+// every call: tests and benchmarks compare them); both off in deterministic mode (fp32 atomics combine the
+// parts). Host code: the CUDA op launches with it, and the benchmarks record it (op _corrected_matmul_grid).
 GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count);
+
+// Stream-K: the work of a GEMM is units of one k-stage of one output tile of one batch entry, unit
+// (z * tiles + tile) * k_stages + s, and block b of `blocks` takes units [stream_k_share(b), stream_k_share(b +
+// 1)): the same amount of work (within one stage) for every block, whatever the number of tiles, so no wave
+// is left part empty. A block's share is cut where it crosses from one tile to the next (stream_k_piece);
+// each piece is added into the zeroed output with atomics, as with split-K.
+struct TileWork {
+  std::int64_t z, tile;                 // batch entry, output tile (tile_origin)
+  std::int64_t stage_begin, stage_end;  // k-stages [stage_begin, stage_end) of the tile
+};
+WMMAE_HD inline std::int64_t stream_k_share(std::int64_t block, std::int64_t blocks, std::int64_t units) {
+  return block * units / blocks;
+}
+// The piece of a share that starts at `unit` and ends at the end of its tile or at end_unit, whichever
+// comes first.
+WMMAE_HD inline TileWork stream_k_piece(std::int64_t unit, std::int64_t end_unit, std::int64_t tiles,
+                                        std::int64_t k_stages) {
+  const std::int64_t tile_index = unit / k_stages, stage = unit % k_stages;
+  const std::int64_t stage_end = stage + (end_unit - unit) < k_stages ? stage + (end_unit - unit) : k_stages;
+  return TileWork{tile_index / tiles, tile_index % tiles, stage, stage_end};
+}
 
 }  // namespace wmmae_ops
