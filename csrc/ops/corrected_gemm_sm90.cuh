@@ -16,6 +16,8 @@
 //   stage still run while the next stage starts (B's hi/lo tiles are triple-buffered for that).
 #pragma once
 
+#include <type_traits>
+
 #include "sm90_tma.cuh"
 
 namespace wmmae_ops {
@@ -275,10 +277,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* origin = args.c + (z * m + m0) * n + n0;
       const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
       const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
-      // Fast path: an interior tile, 8-byte aligned column pairs, unscaling factors that are normal floats.
+      // Fast path: 8-byte aligned column pairs (an even output width), unscaling factors that are normal floats.
       *out_tile = OutputTile{origin, rows, cols,
-                             rows == kBlockM && cols == kBlockN && lines.small_shifts && n % 2 == 0 &&
-                                 reinterpret_cast<std::uintptr_t>(origin) % 8 == 0};
+                             lines.small_shifts && n % 2 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 8 == 0};
     }  // read after the stage prologue's barrier
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
     float b_scale[4];
@@ -385,38 +386,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     // spilled all 64).
     auto acc_row = [](int x) { return (x >> 1) & 1; };
     auto acc_col = [](int x) { return 8 * (x >> 2) + (x & 1); };
-    // Fast path (one multiplication and a float2 store or atomic per pair of elements, no bounds checks):
-    // OutputTile::direct, and a chunk that is the whole sum or a split-K or stream-K part (added by atomics).
-    // Otherwise element by element, where each thread reads an element's earlier partial sum just before writing it,
-    // and ptxas (no free registers) makes every load wait for the previous element's store: 64 round trips
-    // per flush. kReadBack (several chunks, no split-K) loads all 64 first, into hh (free until the next
-    // hi*hi product overwrites it).
+    // Fast path (one multiplication and a float2 store or atomic per pair of elements, no bounds checks in
+    // whole tiles): OutputTile::direct, and a chunk that is the whole sum or a split-K or stream-K part (added
+    // by atomics). Otherwise element by element, where each thread reads an element's earlier partial sum
+    // just before writing it, and ptxas (no free registers) makes every load wait for the previous element's
+    // store: 64 round trips per flush. kReadBack (several chunks, no split-K) loads all 64 first, into hh
+    // (free until the next hi*hi product overwrites it).
     auto flush = [&](bool first_chunk, bool last_chunk) {
       const OutputTile tile = *out_tile;
       float* const out_row[2] = {tile.origin + row0 * n + 2 * quad, tile.origin + (row0 + 8) * n + 2 * quad};
       const int a_shift[2] = {scales.a_shift[row0], scales.a_shift[row0 + 8]};
       const int* b_shift = scales.b_shift + 2 * quad;
+      const bool row_in[2] = {row0 < tile.rows, row0 + 8 < tile.rows};
+      const int cols_in = tile.cols - 2 * quad;  // column offsets j < cols_in are inside the output
       // (Never with kReadBack: its blocks sum several chunks without split-K.)
       if (!kReadBack && tile.direct && (atomic_output || (first_chunk && last_chunk))) {
+        // Whole tiles without bounds checks; a tile at the edge of the output checks each pair (the output
+        // width is even, so both elements of a pair are inside or neither).
+        auto write_pairs = [&](auto whole_tile) {
 #pragma unroll
-        for (int x = 0; x < 64; x += 2) {
-          const int r = acc_row(x), j = acc_col(x);
-          const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
-          const float2 v =
-              make_float2(unscale_direct(chunk_result<Method::fp16>(sum[x], corr[x]), a_shift[r] + bs.x),
-                          unscale_direct(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
-          float2* out = reinterpret_cast<float2*>(out_row[r] + j);
-          if (atomic_output) {
-            atomicAdd(out, v);
-          } else {
-            *out = v;
+          for (int x = 0; x < 64; x += 2) {
+            const int r = acc_row(x), j = acc_col(x);
+            if (whole_tile || (row_in[r] && j < cols_in)) {
+              const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
+              const float2 v = make_float2(
+                  unscale_direct(chunk_result<Method::fp16>(sum[x], corr[x]), a_shift[r] + bs.x),
+                  unscale_direct(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
+              float2* out = reinterpret_cast<float2*>(out_row[r] + j);
+              if (atomic_output) {
+                atomicAdd(out, v);
+              } else {
+                *out = v;
+              }
+            }
+            sum[x] = sum[x + 1] = 0.0f;
           }
-          sum[x] = sum[x + 1] = 0.0f;
+        };
+        if (tile.rows == kBlockM && tile.cols == kBlockN) {
+          write_pairs(std::true_type{});
+        } else {
+          write_pairs(std::false_type{});
         }
         return;
       }
-      const bool row_in[2] = {row0 < tile.rows, row0 + 8 < tile.rows};
-      const int cols_in = tile.cols - 2 * quad;  // column offsets j < cols_in are inside the output
       const bool read_back = kReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
       if (read_back) {
 #pragma unroll
