@@ -2,10 +2,11 @@
 torch.matmul fp32 and TF32, plotted against the number of thread blocks the GEMM launches. Reads the sweep
 rows of benchmarks/results/corrected_matmul.json (no GPU needed) and writes benchmarks/results/paper_seed_sweep.png.
 
-Each row records the launch grid the op chose (`tiles` 128x128 output tiles, `k_splits`, `blocks`; from
-torch.ops.wmmae._corrected_matmul_grid at measurement time). The "auto" method launches the fp16 and the
-tf32 kernel with this grid each; for these U(-1, 1) inputs every tile is fp16-safe and the tf32 kernel's
-blocks return at once.
+Each row records the launch grid the op chose (`tiles` 128x128 output tiles, `k_splits`, `blocks`, and
+`stream_k_blocks` when the wgmma fp16 kernel runs its stream-K schedule instead of the grid; from
+torch.ops.wmmae._corrected_matmul_grid at measurement time). The "auto" method launches the fp16 kernel (grid
+or stream-K) and the tf32 kernel (grid); for these U(-1, 1) inputs every tile is fp16-safe and the tf32
+kernel's blocks return at once.
     python benchmarks/paper/plot_seed_sweep.py [--json PATH] [--out PNG]
 """
 from __future__ import annotations
@@ -62,15 +63,21 @@ def main() -> None:
 
     fig, axes = plt.subplots(3, 1, figsize=(10, 11))
     ax = axes[0]
-    sc = ax.scatter([r["blocks"] for r in rows], [r["tflops"] for r in rows], c=[r["k_splits"] for r in rows],
+    stream_k = [r for r in rows if r.get("stream_k_blocks", 0) > 0]
+    grid = [r for r in rows if r.get("stream_k_blocks", 0) == 0]
+    sc = ax.scatter([r["blocks"] for r in grid], [r["tflops"] for r in grid], c=[r["k_splits"] for r in grid],
                     cmap="viridis", s=10, norm=matplotlib.colors.LogNorm())
     fig.colorbar(sc, ax=ax, label="split-K factor")
+    if stream_k:  # their grid's blocks (what they would have launched), marked
+        ax.scatter([r["blocks"] for r in stream_k], [r["tflops"] for r in stream_k], marker="x", s=12, lw=0.7,
+                   color="C3", label=f"stream-K instead (up to {max(r['stream_k_blocks'] for r in stream_k)} blocks)")
+        ax.legend(fontsize=8)
     top = max(r["blocks"] for r in rows)
     for w in range(1, top // sms + 1):
         ax.axvline(w * sms, color="gray", lw=0.5, ls=":")
-    ax.set_xlabel(f"thread blocks per GEMM launch = output tiles x split-K (dotted: multiples of {sms} SMs)")
+    ax.set_xlabel(f"thread blocks of the split-K grid = output tiles x split-K (dotted: multiples of {sms} SMs)")
     ax.set_ylabel("corrected_matmul TFLOP/s")
-    ax.set_title("corrected_matmul (auto) against launched blocks (one block per SM)", fontsize=9)
+    ax.set_title("corrected_matmul (auto) against the grid's blocks (one block per SM)", fontsize=9)
 
     ns = [r["n"] for r in rows]
     ax = axes[1]
@@ -89,8 +96,10 @@ def main() -> None:
     ax.set_xlabel("N (M = 128, K = 4096)")
     ax2 = ax.twinx()
     ax2.step(ns, [r["k_splits"] for r in rows], where="mid", lw=0.5, color="C3", alpha=0.6)
-    ax2.set_ylabel("split-K factor", color="C3")
+    ax2.set_ylabel("split-K factor (x: stream-K instead)", color="C3")
     ax2.set_yscale("log")
+    ax2.scatter([r["n"] for r in stream_k], [r["k_splits"] for r in stream_k], marker="x", s=6, lw=0.5,
+                color="C3")
     s = summary(rows)
     ax.set_title(f"speed-up over fp32 (N >= {s['min_n']}: median x{s['ratio'][1]:.2f}, "
                  f"range x{s['ratio'][0]:.2f}-x{s['ratio'][2]:.2f})", fontsize=9)
