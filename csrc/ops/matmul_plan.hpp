@@ -48,9 +48,9 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 
 // The CUDA GEMM's grid: kGemmTile x kGemmTile output tiles per batch entry (the grid's z extent takes at most
 // kMaxGridYZ batch entries, the rest in a loop), each K split `k_splits` times into whole 32-wide k-stages.
-// Or, for the wgmma fp16 kernel, stream-K: see StreamKWork.
+// Or, for the wgmma fp16 kernel, stream-K: see stream_k_share below.
 constexpr int kGemmTile = 128;
-constexpr int kGemmStageK = 32;                 // k extent of one stage of the fp16 kernels
+constexpr int kGemmStageK = 32;             // k extent of one stage of the fp16 kernels
 constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on a grid's y and z extents
 
 struct GemmGrid {
