@@ -516,12 +516,8 @@ class BlockWork {
   }
 
  private:
-  __device__ static std::int64_t tiles(const GemmArgs& args) {
-    return ((args.m + kBlockM - 1) / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
-  }
-  __device__ static std::int64_t k_stages(const GemmArgs& args) {
-    return (args.k + kGemmStageK - 1) / kGemmStageK;
-  }
+  __device__ static std::int64_t tiles(const GemmArgs& args) { return gemm_tiles(args.m, args.n); }
+  __device__ static std::int64_t k_stages(const GemmArgs& args) { return gemm_k_stages(args.k); }
   __device__ static std::int64_t units(const GemmArgs& args) {
     return tiles(args) * args.num_batches * k_stages(args);
   }

@@ -126,7 +126,7 @@ constexpr std::int64_t kMinStreamKStages = 8;
 constexpr double kStreamKGain = 0.95;
 std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, int sms, StreamK policy) {
   if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
-  const std::int64_t k_stages = (k + kGemmStageK - 1) / kGemmStageK;
+  const std::int64_t k_stages = gemm_k_stages(k);
   const std::int64_t blocks = std::min<std::int64_t>(sms, tiles * k_stages / kMinStreamKStages);
   if (blocks < 2) return 0;
   if (policy == StreamK::kAlways) return blocks;
@@ -144,7 +144,7 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   TORCH_CHECK(sm_count > 0 && sm_count < (1 << 20), "plan_gemm_grid: argument 'sm_count' must be a positive SM "
               "count, got ", sm_count);
   GemmGrid grid{};
-  grid.tiles = ((m + kGemmTile - 1) / kGemmTile) * ((n + kGemmTile - 1) / kGemmTile);
+  grid.tiles = gemm_tiles(m, n);
   grid.batch_slots = std::min(batch, kMaxGridYZ);
   grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
   grid.k_per_split = k_per_split(k, grid.k_splits);

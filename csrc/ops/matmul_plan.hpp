@@ -53,6 +53,13 @@ constexpr int kGemmTile = 128;
 constexpr int kGemmStageK = 32;             // k extent of one stage of the fp16 kernels
 constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on a grid's y and z extents
 
+// Output tiles of one batch entry, and k-stages of one tile: the host's plan and the kernels' schedules
+// count with these.
+WMMAE_HD inline std::int64_t gemm_tiles(std::int64_t m, std::int64_t n) {
+  return ((m + kGemmTile - 1) / kGemmTile) * ((n + kGemmTile - 1) / kGemmTile);
+}
+WMMAE_HD inline std::int64_t gemm_k_stages(std::int64_t k) { return (k + kGemmStageK - 1) / kGemmStageK; }
+
 struct GemmGrid {
   std::int64_t tiles;        // output tiles of one batch entry (grid x)
   int k_splits;              // blocks per tile along K, 1: no split-K (grid y)
