@@ -1,5 +1,6 @@
 """Python API of the wmmae operators: thin wrappers over torch.ops.wmmae, each with its fake (meta) kernel
-for torch.compile beside it, and autograd for corrected_matmul."""
+for torch.compile beside it. corrected_matmul's autograd is registered in C++
+(csrc/ops/corrected_matmul_autograd.cpp)."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -45,45 +46,6 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)
-
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    return grad.sum_to_size(shape) if grad.shape != shape else grad
-
-
-def _corrected_matmul_backward(ctx, grad: Tensor):
-    a, b = ctx.saved_tensors
-    method = ctx.method
-    grad_a = grad_b = None
-    # Promote 1-D operands to matrices (as torch.matmul does), then drop the added dimensions again.
-    a2 = a.unsqueeze(0) if a.dim() == 1 else a
-    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    # Restore b's column dimension first: for 1-D @ 1-D the gradient is 0-d and has no dimension -2 yet.
-    g = grad
-    if b.dim() == 1:
-        g = g.unsqueeze(-1)
-    if a.dim() == 1:
-        g = g.unsqueeze(-2)
-    if ctx.needs_input_grad[0]:
-        ga = corrected_matmul(g, b2.transpose(-1, -2), method=method)
-        ga = _sum_to(ga, a2.shape)
-        grad_a = ga.squeeze(0) if a.dim() == 1 else ga
-    if ctx.needs_input_grad[1]:
-        gb = corrected_matmul(a2.transpose(-1, -2), g, method=method)
-        gb = _sum_to(gb, b2.shape)
-        grad_b = gb.squeeze(-1) if b.dim() == 1 else gb
-    return grad_a, grad_b, None
-
-
-def _corrected_matmul_setup_context(ctx, inputs, output):
-    a, b, method = inputs
-    ctx.method = method
-    ctx.save_for_backward(a, b)
-
-
-torch.library.register_autograd(
-    "wmmae::corrected_matmul", _corrected_matmul_backward, setup_context=_corrected_matmul_setup_context
-)
 
 
 # --------------------------------------------------------------------------------------------------------

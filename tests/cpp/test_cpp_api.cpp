@@ -25,6 +25,12 @@ double rel_err(const at::Tensor& out, const at::Tensor& ref) {
   return ((out.to(at::kDouble) - ref).norm() / ref.norm()).item<double>();
 }
 
+std::string sci(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2e", v);
+  return text;
+}
+
 // Deterministic inputs, built the same way in tests/test_cpp_api.py for the bitwise comparison.
 at::Tensor wave(std::int64_t rows, std::int64_t cols, double step) {
   return at::arange(rows * cols, at::kFloat).reshape({rows, cols}).mul(step).sin();
@@ -45,7 +51,18 @@ void check_device(const at::Device& device) {
     const at::Tensor c = torch_wmmae::corrected_matmul(a, b, method);
     const double err = rel_err(c.cpu(), ref);
     check(c.device() == device && c.sizes() == at::IntArrayRef({67, 45}) && err <= 4 * std::max(fp32, 0x1p-24),
-          std::string("corrected_matmul ") + method + on + ": rel err " + std::to_string(err));
+          std::string("corrected_matmul ") + method + on + ": rel err " + sci(err));
+  }
+  {
+    // Gradients without Python: corrected_matmul's autograd is registered in C++.
+    const at::Tensor ga = a.detach().clone().requires_grad_(), gb = b.detach().clone().requires_grad_();
+    const at::Tensor grad = torch::randn({67, 45}).to(device);
+    torch_wmmae::corrected_matmul(ga, gb).backward(grad);
+    const at::Tensor grad64 = grad.cpu().to(at::kDouble);
+    const double err_a = rel_err(ga.grad().cpu(), grad64.matmul(b.cpu().to(at::kDouble).t()));
+    const double err_b = rel_err(gb.grad().cpu(), a.cpu().to(at::kDouble).t().matmul(grad64));
+    check(ga.grad().sizes() == a.sizes() && gb.grad().sizes() == b.sizes() && err_a < 1e-5 && err_b < 1e-5,
+          "corrected_matmul backward" + on + ": rel err " + sci(err_a) + ", " + sci(err_b));
   }
   const at::Tensor u = torch::randn({9, 31}).to(at::kHalf).to(device);
   const at::Tensor p = torch_wmmae::batched_outer(u, std::nullopt, 0.0);
