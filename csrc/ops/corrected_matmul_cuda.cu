@@ -1014,9 +1014,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");  // checks dtypes, devices and shapes first
   TORCH_CHECK(a_in.is_cuda(), "corrected_matmul: argument 'a' must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(a_in.device());
-  at::Tensor out = at::empty({plan.batch, plan.m, plan.n}, a_in.options());
-  if (out.numel() == 0) return out.view(plan.out_shape);
-  if (plan.k == 0) return out.zero_().view(plan.out_shape);
+  // Allocated in its final shape (the same memory as [batch, m, n], contiguous), so no view is made per call.
+  at::Tensor out = at::empty(plan.out_shape, a_in.options());
+  if (out.numel() == 0) return out;
+  if (plan.k == 0) return out.zero_();
   TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8,
               "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
 
@@ -1086,7 +1087,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   }
   if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched);
   if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, false);
-  return out.view(plan.out_shape);
+  return out;
 }
 
 }  // namespace
