@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "../wmmae/wmmae.hpp"
+#include "dynamic_smem.cuh"
 
 namespace wmmae_ops {
 namespace outer {
@@ -513,12 +514,13 @@ void launch(Args args, int sm_count, cudaStream_t stream) {
   const std::int64_t wanted = (args.num_units + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, static_cast<std::int64_t>(sm_count) * 16));
   const std::size_t smem = stage_bytes<In>(args.stage_len) + (staged ? band_bytes(args.n) : 0);
-  auto kernel = staged ? batched_outer_kernel<In, Out, true> : batched_outer_kernel<In, Out, false>;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
-  if (smem > (48 << 10)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  if (staged) {
+    allow_dynamic_smem<batched_outer_kernel<In, Out, true>>(smem);
+    batched_outer_kernel<In, Out, true><<<blocks, kWarpsPerBlock * 32, smem, stream>>>(args);
+  } else {
+    allow_dynamic_smem<batched_outer_kernel<In, Out, false>>(smem);
+    batched_outer_kernel<In, Out, false><<<blocks, kWarpsPerBlock * 32, smem, stream>>>(args);
   }
-  kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(args);
 }
 
 }  // namespace outer

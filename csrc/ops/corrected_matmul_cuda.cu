@@ -24,12 +24,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <string>
 
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
+#include "dynamic_smem.cuh"
 #include "matmul_plan.hpp"
 
 namespace wmmae_ops {
@@ -871,17 +871,10 @@ struct GemmLaunch {
   bool after_prepass;
 };
 
-// Launches `Kernel` with `smem_bytes` of dynamic shared memory. Above 48 KB this must be allowed per kernel
-// and device, once.
+// Launches `Kernel` with `smem_bytes` of dynamic shared memory.
 template <auto Kernel, class... Params>
 void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Params&... params) {
-  static std::atomic<std::uint64_t> configured_devices{0};
-  const int device = c10::cuda::current_device();
-  const std::uint64_t bit = std::uint64_t{1} << (device % 64);
-  if (!(configured_devices.load() & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
-    configured_devices.fetch_or(bit);
-  }
+  allow_dynamic_smem<Kernel>(smem_bytes);
   cudaLaunchConfig_t config{};
   config.gridDim = launch.grid;
   config.blockDim = dim3(kThreads);

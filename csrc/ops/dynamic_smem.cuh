@@ -1,0 +1,31 @@
+// A kernel that uses more than 48 KiB of dynamic shared memory must opt in, per kernel and device
+// (cudaFuncSetAttribute). That is a driver call, which the host would pay on every launch; this remembers,
+// per kernel and device, the largest size already allowed, and asks again only to raise it.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAMacros.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+
+namespace wmmae_ops {
+
+template <auto Kernel>
+void allow_dynamic_smem(std::size_t bytes) {
+  if (bytes <= (48u << 10)) return;
+  static std::array<std::atomic<std::size_t>, C10_COMPILE_TIME_MAX_GPUS> allowed{};  // per device, 0 at first
+  static std::mutex raising;
+  std::atomic<std::size_t>& limit = allowed[c10::cuda::current_device()];
+  if (limit.load(std::memory_order_acquire) >= bytes) return;
+  // Under the lock, so that a smaller size set by another thread cannot overwrite a larger one.
+  const std::lock_guard<std::mutex> lock(raising);
+  if (limit.load(std::memory_order_relaxed) >= bytes) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  limit.store(bytes, std::memory_order_release);
+}
+
+}  // namespace wmmae_ops
