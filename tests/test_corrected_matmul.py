@@ -536,6 +536,25 @@ def test_gradient_of_one_operand(device, gen, which):
     assert rel_err(x.grad, expected) < 1e-5
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_double_backward_matches_float64(device, gen, method):
+    """The backward is itself corrected_matmul, so gradients of gradients work (create_graph=True)."""
+    a = random_tensor(gen, (2, 6, 21), "normal", device).requires_grad_()
+    b = random_tensor(gen, (21, 5), "normal", device).requires_grad_()
+    grad_out = random_tensor(gen, (2, 6, 5), "normal", device)
+    weight = random_tensor(gen, (2, 6, 21), "normal", device)
+    (grad_a,) = torch.autograd.grad(corrected_matmul(a, b, method=method), a, grad_out, create_graph=True)
+    (grad_b_of_grad_a,) = torch.autograd.grad((grad_a * weight).sum(), b)
+
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    (ref_grad_a,) = torch.autograd.grad(torch.matmul(a64, b64), a64, grad_out.double(), create_graph=True)
+    (ref,) = torch.autograd.grad((ref_grad_a * weight.double()).sum(), b64)
+    assert grad_b_of_grad_a.shape == b.shape
+    assert rel_err(grad_a, ref_grad_a.detach()) < 1e-5
+    assert rel_err(grad_b_of_grad_a, ref) < 1e-5
+
+
 # --------------------------------------------------------------------------------------------------------
 # torch.library / torch.compile integration
 # --------------------------------------------------------------------------------------------------------

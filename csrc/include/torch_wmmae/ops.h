@@ -12,7 +12,7 @@
 namespace torch_wmmae {
 
 // float32 matmul on tensor cores with error correction; torch.matmul's shape rules.
-// method: "auto" (default), "fp16" or "tf32".
+// method: "auto" (default), "fp16" or "tf32". Differentiable: its autograd is registered in C++ too.
 at::Tensor corrected_matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view method = "auto");
 
 // out[..., :, :] = u v^T + alpha * I; u, v of shape (..., n), float16, bfloat16 or float32; v defaults to u;
