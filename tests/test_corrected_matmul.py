@@ -694,8 +694,9 @@ def test_launch_grid_rule(monkeypatch):
     """torch.ops.wmmae._corrected_matmul_grid (what the CUDA op launches, recorded by the benchmarks): one
     128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below
     256 k per split, and never in deterministic mode. The wgmma kernel's stream-K schedule: one block per SM at
-    most, at least 8 k-stages per block, chosen where the split-K grid keeps less than 90% of its waves' SM
-    slots busy, and as TORCH_WMMAE_STREAM_K says (0: never, 1: wherever it can run); never in deterministic mode."""
+    most, at least 8 k-stages per block, chosen (below 4 waves of tiles) where its blocks run fewer than 0.95 x
+    the k-stages that the split-K grid's waves run one after the other, and as TORCH_WMMAE_STREAM_K says (0:
+    never, 1: wherever it can run); never in deterministic mode."""
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     grid = torch.ops.wmmae._corrected_matmul_grid
     assert grid(4096, 4096, 4096, 1, 132) == [1024, 1, 1024, 0]  # 1024 tiles >= 4 x 132: no split
