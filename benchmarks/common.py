@@ -13,20 +13,39 @@ import torch
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, reps: int = 20) -> float:
+def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, reps: int = 20,
+              host_ahead: bool = False) -> float:
     """Median time of fn(i) in milliseconds, i cycling over n_inputs input sets (so that repeated calls do
-    not just re-read the L2 cache). Each call is timed with its own pair of CUDA events."""
+    not just re-read the L2 cache). Each call is timed with its own pair of CUDA events.
+
+    host_ahead=False: the GPU is idle when the first call is enqueued, so a call whose GPU work is shorter
+    than the host's time to enqueue it is timed at the host's pace (launch latency included).
+    host_ahead=True: a spin kernel is queued first and holds the GPU until the host has enqueued every timed
+    call (the "blocking kernel" of NVIDIA's nvbench), so the events measure the calls' GPU time: kernels and
+    the gaps between them, without the host's launch latency. Checked: if the spin ends before the host has
+    enqueued the last call, it is repeated with a longer spin.
+    """
     for i in range(warmup):
         fn(i % n_inputs)
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn(i % n_inputs)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    spin_cycles = 200_000 * reps  # ~100 us per call at 2 GHz, against 20-60 us of host time per call
+    for _ in range(6):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        if host_ahead:
+            torch.cuda._sleep(spin_cycles)
+            spin_done = torch.cuda.Event()
+            spin_done.record()
+        for i in range(reps):
+            starts[i].record()
+            fn(i % n_inputs)
+            ends[i].record()
+        held = not host_ahead or not spin_done.query()  # still spinning: every call was enqueued in time
+        torch.cuda.synchronize()
+        if held:
+            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        spin_cycles *= 4
+    raise RuntimeError("median_ms(host_ahead=True): the host did not get ahead of the GPU")
 
 
 def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, reps: int = 20) -> list:

@@ -44,6 +44,28 @@ def summary(rows: list[dict], min_n: int = 2432) -> dict:
                 blocks=(min(r["blocks"] for r in rows), max(r["blocks"] for r in rows)))
 
 
+def dips(rows: list[dict], key: str = "tflops", window: int = 5, drop: float = 0.10) -> dict[str, list[int]]:
+    """The N of the points whose rate (`key`) lies more than `drop` below a better point within `window` steps:
+    - "nearby": below the best point on either side (the strictest reading; a rate that rises steeply with N,
+      as where the time per call is nearly flat, counts too);
+    - "valleys": below the best point on each side, a dip in the usual sense;
+    - "drops": below the best point at smaller N, the wave-quantization sawtooth (the rate falls as N grows).
+    """
+    v = [r[key] for r in rows]
+    out: dict[str, list[int]] = {"nearby": [], "valleys": [], "drops": []}
+    for i, r in enumerate(rows):
+        left = max(v[max(0, i - window): i], default=0.0)
+        right = max(v[i + 1: i + 1 + window], default=0.0)
+        bar = (1.0 - drop) * max(left, right)
+        if v[i] < bar:
+            out["nearby"].append(r["n"])
+        if v[i] < (1.0 - drop) * min(left, right):
+            out["valleys"].append(r["n"])
+        if v[i] < (1.0 - drop) * left:
+            out["drops"].append(r["n"])
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=os.path.join(RESULTS, "corrected_matmul.json"))
@@ -110,6 +132,16 @@ def main() -> None:
     print(f"{len(rows)} sweep rows -> {args.out}; N >= {s['min_n']}: corrected {s['tflops'][0]:.1f}-"
           f"{s['tflops'][1]:.1f} TFLOP/s, fp32 {s['fp32_tflops'][0]:.1f}-{s['fp32_tflops'][1]:.1f}, ratio median "
           f"x{s['ratio'][1]:.2f}")
+    big = [r for r in rows if r["n"] >= 1024]
+    behind = [r["n"] for r in big if r["speedup_vs_fp32"] < 1.0]
+    print(f"N >= 1024: {len(big) - len(behind)} of {len(big)} points at least as fast as fp32, behind at N = {behind}")
+    if all("call_speedup_vs_fp32" in r for r in big):
+        behind_call = [r["n"] for r in big if r["call_speedup_vs_fp32"] < 1.0]
+        print(f"  timed from an idle GPU (call_ms): behind at N = {behind_call}")
+    for key, name in (("tflops", "corrected_matmul"), ("fp32_tflops", "torch fp32")):
+        found = dips(rows, key)
+        print(f"{name}: points more than 10% below a better one within five steps: "
+              + "; ".join(f"{kind} {len(ns)} {ns if len(ns) <= 40 else ''}" for kind, ns in found.items()))
 
 
 if __name__ == "__main__":

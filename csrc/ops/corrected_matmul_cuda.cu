@@ -863,12 +863,37 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   }
 }
 
+// The GEMM kernels a call runs, decided once per call (the environment is read on every call: tests and
+// benchmarks switch between the kernels in one process). sm90: the wgmma kernel for the fp16 GEMM on compute
+// capability 9.0 when the build includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for
+// the WMMA kernel. sm90_tma: its fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0
+// asks for cp.async always (the outputs are the same bits).
+struct KernelChoice {
+  bool sm90 = false;
+  bool sm90_tma = false;
+};
+
+KernelChoice choose_kernels() {
+  KernelChoice choice;
+#ifdef WMMAE_HAS_SM90A
+  const auto env_is = [](const char* name, const char* value) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string(v) == value;
+  };
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  choice.sm90 = props->major == 9 && props->minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
+  choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
+#endif
+  return choice;
+}
+
 // Where and how a GEMM kernel is launched. after_prepass: the kernel launched just before on the stream is the
 // pre-pass, which the GEMM may overlap (see allow_dependent_grid).
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
   bool after_prepass;
+  KernelChoice kernels;
 };
 
 // Launches `Kernel` with `smem_bytes` of dynamic shared memory.
@@ -898,29 +923,13 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
 namespace wmmae_ops {
 namespace {
 
-// The wgmma kernel runs on compute capability 9.0 when the build includes sm_90a code (setup.py), unless
-// TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel (read on every call: tests and benchmarks compare both).
-bool use_sm90_kernel() {
-#ifdef WMMAE_HAS_SM90A
-  const char* portable = std::getenv("TORCH_WMMAE_PORTABLE_GEMM");
-  if (portable != nullptr && std::string(portable) == "1") return false;
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  return props->major == 9 && props->minor == 0;
-#else
-  return false;
-#endif
-}
-
 #ifdef WMMAE_HAS_SM90A
 // The wgmma kernel's fp32 stages come by TMA when TMA can read both operands in place (each in its own
 // orientation: the inner dimension contiguous, 16-byte aligned start and line stride) and the batch has at
-// most one dimension; otherwise by cp.async. TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (read on every
-// call: tests and benchmarks compare both; the outputs are the same bits).
+// most one dimension; otherwise by cp.async (also when KernelChoice::sm90_tma is off).
 template <bool kARowMajor, bool kBRowMajor>
 bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
-  const char* env = std::getenv("TORCH_WMMAE_SM90_TMA");
-  if (env != nullptr && std::string(env) == "0") return false;
   if (args.batch.ndim > 1) return false;
   // (inner stride, line stride) of each operand in its orientation.
   const std::int64_t a_inner_stride = kARowMajor ? args.a_ks : args.a_rs;
@@ -966,10 +975,10 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
 
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
-  if (M == Method::fp16 && use_sm90_kernel()) {
+  if (M == Method::fp16 && launch.kernels.sm90) {
 #ifdef WMMAE_HAS_SM90A
     sm90::TmaMaps maps{};
-    if (tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
+    if (launch.kernels.sm90_tma && tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
       launch_sm90<kARowMajor, kBRowMajor, true>(args, maps, launch);
     } else {
       launch_sm90<kARowMajor, kBRowMajor, false>(args, maps, launch);
@@ -983,14 +992,14 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
-                 bool after_prepass) {
+                 bool after_prepass, const KernelChoice& kernels) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
   const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
-                          stream, after_prepass};
+                          stream, after_prepass, kernels};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);
@@ -1053,8 +1062,9 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count);
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
+  const KernelChoice kernels = choose_kernels();
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
-  args.stream_k_blocks = method != Method::tf32 && use_sm90_kernel() ? grid.stream_k_blocks : 0;
+  args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   // With split-K or stream-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is
   // no pre-pass (tf32; cheaper for the host than out.zero_(), see the range workspace below).
   const bool zero_output = args.adds_into_output();
@@ -1078,8 +1088,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
     prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
   }
-  if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched);
-  if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, false);
+  if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels);
+  if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, false, kernels);
   return out;
 }
 

@@ -1,0 +1,46 @@
+"""The sweep figures that README and NOTES quote: benchmarks/paper/plot_seed_sweep.dips on made-up curves whose
+dips are known (no GPU: it only reads result rows)."""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "paper"))
+
+from plot_seed_sweep import dips  # noqa: E402
+
+
+def rows_of(rates):
+    return [{"n": 64 * (i + 1), "tflops": r} for i, r in enumerate(rates)]
+
+
+def test_steep_rise_is_below_nearby_but_no_dip():
+    # The time per call nearly flat: the rate rises with N, by more than 10% over five steps.
+    found = dips(rows_of([1.0 * (i + 1) for i in range(20)]))
+    assert found["valleys"] == [] and found["drops"] == []
+    # Point i (rate i + 1) is more than 10% below a point within five steps while 0.9 * (i + 6) > i + 1, and the
+    # last one (rate 20) bounds those near the end: points 0 .. 16.
+    assert found["nearby"] == [64 * (i + 1) for i in range(17)]
+
+
+def test_sawtooth_drops():
+    # Wave quantization: the rate climbs, then falls by 30% where a new wave starts.
+    rates = [10.0, 10.2, 10.4, 10.6, 7.0, 7.4, 7.8, 8.2, 8.6, 9.0, 9.4, 9.8, 10.2, 10.6, 11.0, 11.0]
+    found = dips(rows_of(rates))
+    fallen = [64 * 5, 64 * 6, 64 * 7, 64 * 8, 64 * 9]  # 7.0 .. 8.6: more than 10% below the 10.6 before them
+    assert found["drops"] == fallen
+    assert found["valleys"] == fallen  # and below the climb after them too
+    assert set(found["drops"]) <= set(found["nearby"])
+
+
+def test_valley_and_step():
+    flat = [10.0] * 12
+    valley = flat[:6] + [8.5] + flat[7:]
+    assert dips(rows_of(valley)) == {"nearby": [64 * 7], "valleys": [64 * 7], "drops": [64 * 7]}
+    # A step up (as at N = 32768, where K is summed in one chunk): below the next points, but not a dip.
+    step = [10.0] * 6 + [11.5] * 6
+    found = dips(rows_of(step))
+    assert found["valleys"] == [] and found["drops"] == []
+    assert found["nearby"] == [64 * (i + 1) for i in range(1, 6)]  # the five points before the step
+    # Exactly 10% below is not more than 10% below.
+    assert dips(rows_of(flat[:6] + [9.0] + flat[7:]))["nearby"] == []
