@@ -863,27 +863,25 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
   }
 }
 
-// The GEMM kernels a call runs, decided once per call (the environment is read on every call: tests and
-// benchmarks switch between the kernels in one process). sm90: the wgmma kernel for the fp16 GEMM on compute
-// capability 9.0 when the build includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for
-// the WMMA kernel. sm90_tma: its fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0
-// asks for cp.async always (the outputs are the same bits).
+// The GEMM kernels a call runs and how they are launched, decided once per call from the device and the
+// environment (env_is). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
+// includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel. sm90_tma: its
+// fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
+// outputs are the same bits). overlap_prepass: the fp16 GEMM may start while the pre-pass runs (programmatic
+// dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
 struct KernelChoice {
   bool sm90 = false;
   bool sm90_tma = false;
+  bool overlap_prepass = false;
 };
 
-KernelChoice choose_kernels() {
+KernelChoice choose_kernels(const cudaDeviceProp& props) {
   KernelChoice choice;
 #ifdef WMMAE_HAS_SM90A
-  const auto env_is = [](const char* name, const char* value) {
-    const char* v = std::getenv(name);
-    return v != nullptr && std::string(v) == value;
-  };
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  choice.sm90 = props->major == 9 && props->minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
+  choice.sm90 = props.major == 9 && props.minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
   choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
 #endif
+  choice.overlap_prepass = props.major >= 9;
   return choice;
 }
 
@@ -908,7 +906,7 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
-  if (launch.after_prepass && at::cuda::getCurrentDeviceProperties()->major >= 9) {
+  if (launch.after_prepass && launch.kernels.overlap_prepass) {
     config.attrs = &overlap;
     config.numAttrs = 1;
   }
@@ -1020,8 +1018,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   at::Tensor out = at::empty(plan.out_shape, a_in.options());
   if (out.numel() == 0) return out;
   if (plan.k == 0) return out.zero_();
-  TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8,
-              "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
+  const cudaDeviceProp& props = *at::cuda::getCurrentDeviceProperties();  // of a's device (the guard)
+  TORCH_CHECK(props.major >= 8, "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
 
   // Each operand is read in place when one of its matrix dimensions is contiguous (a dimension of size 1
   // counts as contiguous: it is read at offset 0 only), otherwise copied once. The classification that
@@ -1058,11 +1056,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.method = method;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sm_count = props.multiProcessorCount;
   const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count);
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
-  const KernelChoice kernels = choose_kernels();
+  const KernelChoice kernels = choose_kernels(props);
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   // With split-K or stream-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is

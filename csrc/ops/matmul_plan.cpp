@@ -4,8 +4,6 @@
 #include <ATen/ExpandUtils.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 namespace wmmae_ops {
 
@@ -112,9 +110,9 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
 // TORCH_WMMAE_STREAM_K (see plan_gemm_grid): kChoose when unset.
 enum class StreamK { kChoose, kNever, kAlways };
 StreamK stream_k_policy() {
-  const char* env = std::getenv("TORCH_WMMAE_STREAM_K");
-  if (env == nullptr) return StreamK::kChoose;
-  return std::string(env) == "0" ? StreamK::kNever : std::string(env) == "1" ? StreamK::kAlways : StreamK::kChoose;
+  return env_is("TORCH_WMMAE_STREAM_K", "0")   ? StreamK::kNever
+         : env_is("TORCH_WMMAE_STREAM_K", "1") ? StreamK::kAlways
+                                               : StreamK::kChoose;
 }
 
 // Stream-K's blocks: one per SM, each at least kMinStreamKStages stages (as split-K's 256 k). Chosen where its

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../wmmae/config.hpp"
@@ -95,6 +97,14 @@ WMMAE_HD inline TileWork stream_k_piece(std::int64_t unit, std::int64_t end_unit
   const std::int64_t tile_index = unit / k_stages, stage = unit % k_stages;
   const std::int64_t stage_end = stage + (end_unit - unit) < k_stages ? stage + (end_unit - unit) : k_stages;
   return TileWork{tile_index / tiles, tile_index % tiles, stage, stage_end};
+}
+
+// Whether the environment variable `name` is set to exactly `value`. The kernel switches
+// (TORCH_WMMAE_STREAM_K, TORCH_WMMAE_PORTABLE_GEMM, TORCH_WMMAE_SM90_TMA) are read on every call: tests and
+// benchmarks change them between calls in one process.
+inline bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
 }
 
 }  // namespace wmmae_ops
