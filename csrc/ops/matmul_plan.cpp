@@ -116,14 +116,19 @@ StreamK stream_k_policy() {
 }
 
 // Stream-K's blocks: one per SM, each at least kMinStreamKStages stages (as split-K's 256 k). Chosen where its
-// blocks have fewer than kStreamKGain times the k-stages that the split-K grid's waves run one after the other
-// (waves x stages per split). Stream-K balances the waves but costs more per block (it crosses into two or
-// three tiles, each a pipeline fill and a flush of atomics into an output that the pre-pass must zero first),
-// so it loses where the grid is nearly balanced already. H200, the same build, GPU time per call, grid ->
-// stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K 0.73-0.93 of the grid's stages) 6-25%
-// faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98) 2.5-8% slower (benchmarks/NOTES.md, session 16).
+// blocks have fewer k-stages than the split-K grid's waves run one after the other (waves x stages per split)
+// by a margin: kStreamKGain times those, and kStreamKPieceStages fewer. Stream-K balances the waves but costs
+// more per block (it crosses into two or three tiles, each a pipeline fill and a flush of atomics into an
+// output that the pre-pass must zero first), so it loses where the grid is nearly balanced already. H200, the
+// same build, GPU time per call, grid -> stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K
+// 0.73-0.93 of the grid's stages) 6-25% faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98) 2.5-8%
+// slower (session 16). Short shares pay the fixed cost most: at M = 128, K = 4096, N = 1024-3840 (8-30
+// stages per block, 0.80-0.94 of the grid's) stream-K was up to 11% slower, from N = 5056 on at most 2%
+// (483 shapes of the sweep, session 19); the 4-stage margin leaves at most 1.5% on the table among them
+// (benchmarks/NOTES.md).
 constexpr std::int64_t kMinStreamKStages = 8;
 constexpr double kStreamKGain = 0.95;
+constexpr std::int64_t kStreamKPieceStages = 4;
 std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, int sms, StreamK policy) {
   if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
   const std::int64_t k_stages = gemm_k_stages(k);
@@ -134,7 +139,9 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, i
   const std::int64_t split_waves = (tiles * k_splits + sms - 1) / sms;
   const std::int64_t split_stages = split_waves * (k_per_split(k, k_splits) / kGemmStageK);
   const std::int64_t stream_k_stages = (tiles * k_stages + blocks - 1) / blocks;
-  return static_cast<double>(stream_k_stages) < kStreamKGain * static_cast<double>(split_stages) ? blocks : 0;
+  const bool gains = static_cast<double>(stream_k_stages) < kStreamKGain * static_cast<double>(split_stages) &&
+                     stream_k_stages < split_stages - kStreamKPieceStages;
+  return gains ? blocks : 0;
 }
 
 }  // namespace
