@@ -141,7 +141,7 @@ def main() -> None:
     for key, name in (("tflops", "corrected_matmul"), ("fp32_tflops", "torch fp32")):
         found = dips(rows, key)
         print(f"{name}: points more than 10% below a better one within five steps: "
-              + "; ".join(f"{kind} {len(ns)} {ns if len(ns) <= 40 else ''}" for kind, ns in found.items()))
+              + "; ".join(f"{kind} {len(at)} {at if len(at) <= 40 else ''}" for kind, at in found.items()))
 
 
 if __name__ == "__main__":

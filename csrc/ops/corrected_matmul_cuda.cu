@@ -24,7 +24,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "../wmmae/wmmae.hpp"
