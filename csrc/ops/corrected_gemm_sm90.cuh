@@ -50,13 +50,14 @@ struct StageTile {
       return outer * kLd + inner;
     }
   }
-  static constexpr unsigned kBoxBytes = sizeof(float) * kOuter * kBoxInner;
-  // TMA: copies box `box` of the tile whose first element is (inner0, outer0) of batch index z of `map` to
-  // its place in the tile at dst.
-  __device__ static void tma_load_box(float* dst, const CUtensorMap* map, std::uint64_t* bar, int inner0,
-                                      int outer0, int z, int box) {
-    tma_load_3d(dst + box * kOuter * kBoxInner, map, bar, inner0 + box * kBoxInner, outer0, z);
+  static constexpr int kBoxFloats = kOuter * kBoxInner;  // box j starts at float j * kBoxFloats of the tile
+  // Offset in floats from element (outer, inner) to (outer + 8 lines8, inner + 32 inner32): the same for
+  // every element (the swizzle repeats every 8 lines, a box is 32 wide), so that a thread keeps the offsets
+  // of a few elements and reaches the others by constants.
+  static constexpr int shift(int lines8, int inner32) {
+    return kTma ? lines8 * 8 * kBoxInner + inner32 * kBoxFloats : lines8 * 8 * kLd + inner32 * 32;
   }
+  static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
 };
 
 // B's hi and lo tiles as wgmma reads them, no swizzle: 8x8 core matrices of 128 bytes; core matrices
@@ -113,29 +114,42 @@ __device__ __forceinline__ void fence_registers(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The 64 accumulator operands of an m64n128 wgmma, each with constraint c ("+f": read and written, "=f":
+// written only).
+#define WMMAE_WGMMA_ACC8(c, i) \
+  c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
+#define WMMAE_WGMMA_ACC64(c)                                                                                 \
+  WMMAE_WGMMA_ACC8(c, 0), WMMAE_WGMMA_ACC8(c, 8), WMMAE_WGMMA_ACC8(c, 16), WMMAE_WGMMA_ACC8(c, 24),        \
+      WMMAE_WGMMA_ACC8(c, 32), WMMAE_WGMMA_ACC8(c, 40), WMMAE_WGMMA_ACC8(c, 48), WMMAE_WGMMA_ACC8(c, 56)
+#define WMMAE_WGMMA_M64N128K16_F16                                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                                      \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"                                          \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                 \
+  "}, {%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}\n"
+
 // d (+)= a * b: a 64x16 fp16 fragment in registers, b 16x128 fp16 in shared memory (descriptor; kTransB:
 // MN-major core matrices), d 64x128 fp32 in registers. accumulate == 0: d = a * b.
 template <bool kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b,
                                                  int accumulate) {
 #ifdef WMMAE_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b), "n"(kTransB ? 1 : 0));
+  asm volatile(WMMAE_WGMMA_M64N128K16_F16
+               : WMMAE_WGMMA_ACC64("+f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b), "n"(kTransB ? 1 : 0));
+#endif
+}
+// d = a * b, with d's earlier values dead to the compiler: between one product's last read of d and the next
+// product, its 64 registers are free for other values.
+template <bool kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_overwrite(float (&d)[64], const std::uint32_t (&a)[4],
+                                                           std::uint64_t b) {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile(WMMAE_WGMMA_M64N128K16_F16
+               : WMMAE_WGMMA_ACC64("=f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
 
@@ -187,6 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Cfg = Config<kARowMajor, kBRowMajor, kTma>;
   using A = typename Cfg::A;
   using B = typename Cfg::B;
+  // TMA: one ring slot's A tile and its B tile have the same size, so a box's address is its slot-0 address
+  // plus slot x this.
+  static_assert(!kTma || A::kFloats == B::kFloats, "A's and B's TMA stage tiles are the same size");
+  constexpr std::uint32_t kSlotBytes = sizeof(float) * A::kFloats;
   // A TMA stage is A's boxes, then B's (see StageTile), at most eight: box j is issued by lane 0 of warp j,
   // right after the warp's first products of the stage, while it waits for them. (Thread 0 issued them all
   // right after the stage's barrier: about 75 instructions for five boxes, which delayed warpgroup 0's
@@ -200,13 +218,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kTma) smem += (1024 - smem_address(smem_raw) % 1024) % 1024;
   float* stage_a = reinterpret_cast<float*>(smem);
   float* stage_b = stage_a + kStages * A::kFloats;
-  // The ring slot of k-stage kt, and its fp32 tiles.
-  auto slot_of = [](int kt) { return kt & (kStages - 1); };
+  // The ring of stages runs on from one piece of work to the next: ring_start counts the stages this block
+  // has put through it before the current piece (modulo 2^32, a multiple of the ring's length). The ring
+  // slot of the piece's k-stage kt, and its fp32 tiles:
+  std::uint32_t ring_start = 0;
+  auto slot_of = [&](int kt) { return static_cast<int>((ring_start + kt) & (kStages - 1)); };
   auto stage_a_of = [&](int kt) { return stage_a + slot_of(kt) * A::kFloats; };
   auto stage_b_of = [&](int kt) { return stage_b + slot_of(kt) * B::kFloats; };
   std::uint64_t* stage_full = reinterpret_cast<std::uint64_t*>(smem + Cfg::kBarrierOffset);  // TMA only
   OutputTile* out_tile = reinterpret_cast<OutputTile*>(smem + Cfg::kOutputTileOffset);
-  std::uint32_t stage_phases = 0;  // TMA: bit s = parity of slot s's next completion
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) mbarrier_init(stage_full + s, kTmaBoxes);
@@ -217,9 +237,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* split_base = smem + Cfg::kStageBytes;  // [buffer][hi, lo]
   auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
   const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
+  const std::uint64_t split_desc0 = smem_descriptor(split_tile(0, 0));  // buffers and parts are kSplitTileBytes apart
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The warp index, broadcast so that the compiler knows it is the same in every lane (it then keeps what is
+  // derived from it, such as the TMA box parameters, in uniform registers).
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  const int lane = threadIdx.x % 32;
   // wgmma fragment coordinates: warp w of warpgroup g owns rows 64 g + 16 w + (lane / 4) and 8 below; in
   // A's fragment, columns (k) 2 (lane % 4) + {0, 1} and 8 to the right; in the accumulator, columns
   // 8 i + 2 (lane % 4) + {0, 1} for i < 16.
@@ -235,10 +259,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   // b_mn_col = 16 w + 4 q in rows k = 8 kc + r (one 16-byte chunk per load: 8 lanes read 8 rows, which the
   // 128-byte swizzle puts in 8 different bank groups; each half warp's 8-byte stores fill one core matrix).
   const int b_mn_col = 16 * warp + 4 * (lane / 8), b_mn_row = lane % 8;
+  // Byte offsets of this thread's elements in a stage tile and in a hi/lo tile, up to the constants of
+  // StageTile::shift and of whole core matrices: kept in registers, so that each shared-memory access is a
+  // register, the stage's or buffer's base and a constant (ptxas recomputed them from the lane index at
+  // every stage). A: element (r + 8 j, k + 8 h + 16 s) of its fragment, at a_elem_off[s][h] (row-major) or
+  // a_elem_off[j][k - 2 quad] (column-major, k's pairs read one by one).
+  int a_elem_off[2][2];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      a_elem_off[p][q] = sizeof(float) * (kARowMajor ? A::offset(row0, 2 * quad + 8 * q + 16 * p)
+                                                : A::offset(2 * quad + q, row0 + 8 * p));
+    }
+  }
+  // B: MN-major split, row b_mn_row; K-major, column 8 warp + split_ln at k 2 split_kp + d (row-major:
+  // b_elem_off[d]) or at k 2 split_kp + 8 kc (column-major: b_elem_off[kc], the 128-byte swizzle mixes k's 8s).
+  int b_elem_off[kBlockK / 8];
+#pragma unroll
+  for (int j = 0; j < kBlockK / 8; ++j) {
+    const int col = 8 * warp + split_ln, kk = 2 * split_kp;
+    b_elem_off[j] = sizeof(float) * (kBMnMajor    ? B::offset(b_mn_row, b_mn_col)
+                                : kBRowMajor ? B::offset(kk + j % 2, col)
+                                             : B::offset(col, kk + 8 * j));
+  }
+  const int split_off = kBMnMajor ? split_offset<true>(b_mn_col, b_mn_row)
+                                  : split_offset<false>(8 * warp + split_ln, 2 * split_kp);
 
   BlockWork work(reinterpret_cast<TileWork*>(smem + Cfg::kWorkOffset));
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
     const std::int64_t z = piece.z;
+    ring_start = __shfl_sync(0xffffffffu, ring_start, 0);  // (the same in every lane: see warp)
     std::int64_t m0, n0;
     tile_origin(m, n, piece.tile, m0, n0);
     std::int64_t a_off, b_off;
@@ -248,28 +299,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::int64_t k_begin = piece.stage_begin * kBlockK;
     const std::int64_t k_end = min(k, piece.stage_end * kBlockK);
 
-    // TMA: box `warp` of stage kt of this tile into slot kt % kStages, counted on the slot's barrier (a no-op
-    // in lanes other than 0 and in warps without a box).
+    // TMA: this warp's box of each stage (see kTmaBoxes), fixed for the piece but for the stage's k and ring
+    // slot. Its map's (inner, outer) coordinates: A as (k, m) row-major, (m, k) column-major; B as (n, k) /
+    // (k, n). The other coordinate is the tile's m or n, plus 32 per box along it (where k is inner, an
+    // operand has one box per stage).
+    const bool box_of_a = warp < A::kBoxes;
+    const int box = box_of_a ? warp : warp - A::kBoxes;
+    const CUtensorMap* const box_map = box_of_a ? &maps.a : &maps.b;
+    const unsigned box_bytes = box_of_a ? A::kBoxBytes : B::kBoxBytes;
+    const bool box_k_inner = box_of_a ? kARowMajor : !kBRowMajor;
+    // (Broadcast: the same in every lane, which the compiler cannot tell for values from shared memory.)
+    const int box_line = __shfl_sync(0xffffffffu, static_cast<int>(box_of_a ? m0 : n0) + box * 32, 0);
+    const int box_z = __shfl_sync(0xffffffffu, (box_of_a ? maps.a_batched : maps.b_batched) ? static_cast<int>(z) : 0, 0);
+    const std::uint32_t box_dst = box_of_a ? smem_address(stage_a + box * A::kBoxFloats)
+                                           : smem_address(stage_b + box * B::kBoxFloats);  // in slot 0
+    const std::uint32_t k_begin32 = static_cast<std::uint32_t>(k_begin);
+    // Box `warp` of stage kt of this tile into slot kt % kStages, counted on the slot's barrier (a no-op in
+    // lanes other than 0 and in warps without a box).
     auto issue_tma_stage = [&](int kt) {
       if (lane != 0 || warp >= kTmaBoxes) return;
-      std::uint64_t* full = stage_full + slot_of(kt);
-      const int k0 = static_cast<int>(k_begin) + kt * kBlockK;
-      // (inner, outer) coordinates: A as (k, m) row-major, (m, k) column-major; B as (n, k) / (k, n).
-      if (warp < A::kBoxes) {
-        mbarrier_arrive_expect_tx(full, A::kBoxBytes);
-        const int m0i = static_cast<int>(m0), za = maps.a_batched ? static_cast<int>(z) : 0;
-        A::tma_load_box(stage_a_of(kt), &maps.a, full, kARowMajor ? k0 : m0i, kARowMajor ? m0i : k0, za, warp);
-      } else {
-        mbarrier_arrive_expect_tx(full, B::kBoxBytes);
-        const int n0i = static_cast<int>(n0), zb = maps.b_batched ? static_cast<int>(z) : 0;
-        B::tma_load_box(stage_b_of(kt), &maps.b, full, kBRowMajor ? n0i : k0, kBRowMajor ? k0 : n0i, zb,
-                        warp - A::kBoxes);
-      }
-    };
-    auto wait_tma_stage = [&](int kt) {
       const int slot = slot_of(kt);
-      mbarrier_wait(stage_full + slot, (stage_phases >> slot) & 1u);
-      stage_phases ^= 1u << slot;
+      const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
+      const int k0 = static_cast<int>(k_begin32 + kt * kBlockK);
+      mbarrier_arrive_expect_tx(full, box_bytes);
+      tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : box_line,
+                  box_k_inner ? box_line : k0, box_z);
+    };
+    // Each slot's barrier completes a phase per stage that lands in it: stage ring_start + kt is its slot's
+    // use number (ring_start + kt) / kStages, so it waits for that parity.
+    auto wait_tma_stage = [&](int kt) {
+      mbarrier_wait(stage_full + slot_of(kt), ((ring_start + kt) / kStages) & 1u);
     };
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
     // The first stages' copies are under way while the line scales load (both wait for global memory).
@@ -283,6 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kTma) {  // the stages in flight land before their slots are used again
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
       }
+      ring_start += min(kStages - 1, k_tiles);
       continue;
     }
     if (threadIdx.x == 0) {
@@ -310,10 +370,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           stage_a_of(kt), stage_b_of(kt), a, b, args, m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK,
           k_end, a_vec4, b_vec4);
     };
-    auto split_b = [&](int kt) {
-      const float* src = stage_b_of(kt);
-      unsigned char* hi = split_tile(kt % kSplitBuffers, 0);
-      unsigned char* lo = split_tile(kt % kSplitBuffers, 1);
+    // Splits B's fp32 stage kt into hi/lo buffer `buf`.
+    auto split_b = [&](int kt, int buf) {
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(stage_b_of(kt));
+      unsigned char* hi = split_tile(buf, 0) + split_off;
+      unsigned char* lo = split_tile(buf, 1) + split_off;
+      auto at = [&](int j, int lines8, int inner32) { return src + b_elem_off[j] + sizeof(float) * B::shift(lines8, inner32); };
       // All loads first: the compiler cannot tell the stage from the hi/lo tiles, so a load written after
       // a store would wait for it, and each load's latency would be paid one after the other.
       if constexpr (kBMnMajor) {
@@ -321,14 +383,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         float4 q[kRowGroups];
 #pragma unroll
         for (int kc = 0; kc < kRowGroups; ++kc) {
-          q[kc] = *reinterpret_cast<const float4*>(src + B::offset(8 * kc + b_mn_row, b_mn_col));
+          q[kc] = *reinterpret_cast<const float4*>(at(0, kc, 0));
         }
 #pragma unroll
         for (int kc = 0; kc < kRowGroups; ++kc) {
           __half2 h01, l01, h23, l23;
           wmmae::split_fp16x2(q[kc].x * b_scale[0], q[kc].y * b_scale[1], h01, l01);
           wmmae::split_fp16x2(q[kc].z * b_scale[2], q[kc].w * b_scale[3], h23, l23);
-          const int off = split_offset<true>(b_mn_col, 8 * kc + b_mn_row);
+          const int off = kc * kLbo;
           *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
           *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
         }
@@ -341,11 +403,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int kc = 0; kc < kPairs; ++kc) {
-          const int col = b_split_col(h), kk = b_split_k(kc);
+          // Column 64 h further: 2 boxes of 32 (row-major) or 8 groups of 8 lines (column-major).
           if constexpr (kBRowMajor) {
-            v[h][kc] = make_float2(src[B::offset(kk, col)], src[B::offset(kk + 1, col)]);
+            v[h][kc] = make_float2(*reinterpret_cast<const float*>(at(0, kc, 2 * h)),
+                                   *reinterpret_cast<const float*>(at(1, kc, 2 * h)));
           } else {
-            v[h][kc] = *reinterpret_cast<const float2*>(src + B::offset(col, kk));
+            v[h][kc] = *reinterpret_cast<const float2*>(at(kc, 8 * h, 0));
           }
         }
       }
@@ -355,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kc = 0; kc < kPairs; ++kc) {
           __half2 h2, l2;
           wmmae::split_fp16x2(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
-          const int off = split_offset<false>(b_split_col(h), b_split_k(kc));
+          const int off = kc * kLbo + 8 * h * kSbo;  // = split_offset(b_split_col(h), b_split_k(kc)) - split_off
           *reinterpret_cast<__half2*>(hi + off) = h2;
           *reinterpret_cast<__half2*>(lo + off) = l2;
         }
@@ -364,14 +427,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // A's fragment for k-step s of a stage: loaded (fp32), then split into hi and scaled residual.
     using AFragment = float2[4];
-    auto load_a = [&](const float* src, int s, AFragment& v) {
+    auto load_a = [&](const float* stage, int s, AFragment& v) {
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(stage);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = row0 + (i & 1) * 8, kk = 16 * s + 2 * quad + (i >> 1) * 8;
+        const int j = i & 1, h = i >> 1;  // rows 8 j below row0, k 8 h further
         if constexpr (kARowMajor) {
-          v[i] = *reinterpret_cast<const float2*>(src + A::offset(r, kk));
+          v[i] = *reinterpret_cast<const float2*>(src + a_elem_off[s][h] + sizeof(float) * A::shift(j, 0));
         } else {
-          v[i] = make_float2(src[A::offset(kk, r)], src[A::offset(kk + 1, r)]);
+          const int step = sizeof(float) * A::shift(h + 2 * s, 0);
+          v[i] = make_float2(*reinterpret_cast<const float*>(src + a_elem_off[j][0] + step),
+                             *reinterpret_cast<const float*>(src + a_elem_off[j][1] + step));
         }
       }
     };
@@ -481,7 +547,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       stage_ring_prologue<kStages>(k_tiles, issue_stage);
     }
-    split_b(0);
+    int split_buf = 0;  // B's hi/lo buffer of stage kt: kt % kSplitBuffers, counted without a division
+    auto next_split_buf = [](int buf) { return buf == kSplitBuffers - 1 ? 0 : buf + 1; };
+    split_b(0, split_buf);
     // Software pipeline over wgmma groups (in order per warpgroup): G1 = hi*hi of k-step 0, G2 = its two
     // corrections, G3 = hi*hi of k-step 1, G4 = its corrections. Each wait leaves only the last correction
     // group running, so the tensor cores have it to work on while the hi*hi part is added, A is split and
@@ -506,12 +574,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
         }
         const float* sa = stage_a_of(kt);
-        const std::uint64_t b_hi = smem_descriptor(split_tile(kt % kSplitBuffers, 0));
-        const std::uint64_t b_lo = smem_descriptor(split_tile(kt % kSplitBuffers, 1));
+        const std::uint64_t b_hi = split_desc0 + split_buf * (2 * kSplitTileBytes >> 4);
+        const std::uint64_t b_lo = b_hi + (kSplitTileBytes >> 4);
         constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per 16 k
         split_a(a_next, a_hi[0], a_lo[0]);
         wgmma_fence();
-        wgmma_m64n128k16<kBMnMajor>(hh, a_hi[0], b_hi, 0);
+        wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
         wgmma_commit();
         wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
         wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
@@ -525,24 +593,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         load_a(sa, 1, a_step1);
         // While G2 runs and hh is free: the split has registers to have all its loads in flight at once.
         if (kt + 1 < k_tiles) {
-          split_b(kt + 1);
+          split_b(kt + 1, next_split_buf(split_buf));
           load_a(stage_a_of(kt + 1), 0, a_next);
         }
         split_a(a_step1, a_hi[1], a_lo[1]);
         wgmma_fence();
-        wgmma_m64n128k16<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc, 0);
+        wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc);
         wgmma_commit();
         wgmma_m64n128k16<kBMnMajor>(corr, a_lo[1], b_hi + kStepDesc, 1);
         wgmma_m64n128k16<kBMnMajor>(corr, a_hi[1], b_lo + kStepDesc, 1);
         wgmma_commit();
         wgmma_wait<1>();  // G3 is done
         add_hi_products();
+        split_buf = next_split_buf(split_buf);
       }
       wgmma_wait<0>();
       fence_registers(corr);
       flush(chunk_begin == 0, chunk_end == k_tiles);
     }
     cp_async_wait<0>();  // (the barrier of work.next: the next piece rewrites the scales and the stages)
+    ring_start += k_tiles;
   }
 #endif
 }

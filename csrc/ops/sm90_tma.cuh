@@ -32,11 +32,11 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 #endif
 }
 
-// One arrival, and `bytes` more that the copies of this phase will deliver before the phase completes.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+// One arrival, and `bytes` more that the copies of this phase will deliver before the phase completes. `bar`
+// is the mbarrier's shared-memory address (smem_address).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint32_t bar, unsigned bytes) {
 #ifdef WMMAE_SM90A_DEVICE
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
-               : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
 
@@ -53,14 +53,14 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parit
 }
 
 // Copies the box at coordinates (c0, c1, c2) of `map` to shared memory at `dst` (1024-byte aligned for the
-// 128-byte swizzle) and counts its bytes on `bar`. Elements outside the tensor arrive as zeros.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, std::uint64_t* bar, int c0, int c1,
-                                            int c2) {
+// 128-byte swizzle) and counts its bytes on the mbarrier at `bar` (both shared-memory addresses, see
+// smem_address). Elements outside the tensor arrive as zeros.
+__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const CUtensorMap* map, std::uint32_t bar, int c0,
+                                            int c1, int c2) {
 #ifdef WMMAE_SM90A_DEVICE
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(smem_address(dst)), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(smem_address(bar))
+      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 #endif
 }
