@@ -153,6 +153,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_overwrite(float (&d)[64], const
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
+#undef WMMAE_WGMMA_M64N128K16_F16
+#undef WMMAE_WGMMA_ACC64
+#undef WMMAE_WGMMA_ACC8
 
 // Where a block writes its output tile, kept in shared memory during the stage loop: in registers, these
 // values (or, before, the addresses of all 64 elements of a thread) take registers the loop needs.
@@ -238,11 +241,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* split_base = smem + Cfg::kStageBytes;  // [buffer][hi, lo]
   auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
   const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
-  const std::uint64_t split_desc0 = smem_descriptor(split_tile(0, 0));  // buffers and parts are kSplitTileBytes apart
+  // The descriptor of hi/lo tile (0, hi); the others are kSplitTileBytes apart, and a descriptor's address
+  // field (16-byte units, 14 bits: all of shared memory) is linear in the address, so theirs are this plus
+  // their offset / 16.
+  const std::uint64_t split_desc0 = smem_descriptor(split_tile(0, 0));
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
-  // The warp index, broadcast so that the compiler knows it is the same in every lane (it then keeps what is
-  // derived from it, such as the TMA box parameters, in uniform registers).
+  // The warp index, broadcast so that the compiler knows it is the same in every lane (it then keeps what
+  // is derived from it, such as the TMA box parameters, in uniform registers).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
   const int lane = threadIdx.x % 32;
   // wgmma fragment coordinates: warp w of warpgroup g owns rows 64 g + 16 w + (lane / 4) and 8 below; in
@@ -311,7 +317,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool box_k_inner = box_of_a ? kARowMajor : !kBRowMajor;
     // (Broadcast: the same in every lane, which the compiler cannot tell for values from shared memory.)
     const int box_line = __shfl_sync(0xffffffffu, static_cast<int>(box_of_a ? m0 : n0) + box * 32, 0);
-    const int box_z = __shfl_sync(0xffffffffu, (box_of_a ? maps.a_batched : maps.b_batched) ? static_cast<int>(z) : 0, 0);
+    const bool box_batched = box_of_a ? maps.a_batched : maps.b_batched;
+    const int box_z = __shfl_sync(0xffffffffu, box_batched ? static_cast<int>(z) : 0, 0);
     const std::uint32_t box_dst = box_of_a ? smem_address(stage_a + box * A::kBoxFloats)
                                            : smem_address(stage_b + box * B::kBoxFloats);  // in slot 0
     const std::uint32_t k_begin32 = static_cast<std::uint32_t>(k_begin);
@@ -376,7 +383,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const unsigned char* src = reinterpret_cast<const unsigned char*>(stage_b_of(kt));
       unsigned char* hi = split_tile(buf, 0) + split_off;
       unsigned char* lo = split_tile(buf, 1) + split_off;
-      auto at = [&](int j, int lines8, int inner32) { return src + b_elem_off[j] + sizeof(float) * B::shift(lines8, inner32); };
+      auto at = [&](int j, int lines8, int inner32) {
+        return src + b_elem_off[j] + sizeof(float) * B::shift(lines8, inner32);
+      };
       // All loads first: the compiler cannot tell the stage from the hi/lo tiles, so a load written after
       // a store would wait for it, and each load's latency would be paid one after the other.
       if constexpr (kBMnMajor) {
