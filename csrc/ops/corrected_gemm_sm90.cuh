@@ -280,18 +280,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                 : A::offset(2 * quad + q, row0 + 8 * p));
     }
   }
-  // B: MN-major split, row b_mn_row; K-major, column 8 warp + split_ln at k 2 split_kp + d (row-major:
-  // b_elem_off[d]) or at k 2 split_kp + 8 kc (column-major: b_elem_off[kc], the 128-byte swizzle mixes k's 8s).
+  // B: MN-major split, row b_mn_row; K-major, column b_split_col(0) at k b_split_k(0) + d (row-major:
+  // b_elem_off[d]) or at k b_split_k(kc) (column-major: b_elem_off[kc], the 128-byte swizzle mixes k's 8s).
   int b_elem_off[kBlockK / 8];
 #pragma unroll
   for (int j = 0; j < kBlockK / 8; ++j) {
-    const int col = 8 * warp + split_ln, kk = 2 * split_kp;
     b_elem_off[j] = sizeof(float) * (kBMnMajor    ? B::offset(b_mn_row, b_mn_col)
-                                : kBRowMajor ? B::offset(kk + j % 2, col)
-                                             : B::offset(col, kk + 8 * j));
+                                     : kBRowMajor ? B::offset(b_split_k(0) + j % 2, b_split_col(0))
+                                                  : B::offset(b_split_col(0), b_split_k(j)));
   }
   const int split_off = kBMnMajor ? split_offset<true>(b_mn_col, b_mn_row)
-                                  : split_offset<false>(8 * warp + split_ln, 2 * split_kp);
+                                  : split_offset<false>(b_split_col(0), b_split_k(0));
 
   BlockWork work(reinterpret_cast<TileWork*>(smem + Cfg::kWorkOffset));
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
