@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::uint32_t box_dst = box_of_a ? smem_address(stage_a + box * A::kBoxFloats)
                                            : smem_address(stage_b + box * B::kBoxFloats);  // in slot 0
     const std::uint32_t k_begin32 = static_cast<std::uint32_t>(k_begin);
-    // Box `warp` of stage kt of this tile into slot kt % kStages, counted on the slot's barrier (a no-op in
-    // lanes other than 0 and in warps without a box).
+    // Box `warp` of stage kt of this tile into ring slot slot_of(kt), counted on the slot's barrier (a no-op
+    // in lanes other than 0 and in warps without a box).
     auto issue_tma_stage = [&](int kt) {
       if (lane != 0 || warp >= kTmaBoxes) return;
       const int slot = slot_of(kt);
@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // kt + 1 to land only right before it reads it (split_ahead), not before this barrier: waiting here
         // held up the barrier, H200 2-4% more GEMM time.
         if constexpr (kTma) {
-          __syncthreads();  // (also: every warp is done with slot (kt - 1) % kStages, which stage kt + 3 takes)
+          __syncthreads();  // (also: every warp is done with stage kt - 1's slot, which stage kt + 3 takes)
         } else {
           stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
         }
