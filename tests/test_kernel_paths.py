@@ -340,6 +340,45 @@ def test_corrected_matmul_prepass_reads_every_batch_entry(device, gen, a_col, b_
     assert_matmul_within_dot_product_bound(out, a, b, f"batched a_col={a_col} b_col={b_col}")
 
 
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("operand", ["a_rows", "b_columns"])
+@pytest.mark.parametrize("k", [33, 2100], ids=["one_batch", "three_chunks"])
+def test_corrected_matmul_prepass_many_contiguous_lines(gen, operand, k):
+    """Enough contiguous lines (rows of row-major a, columns of column-major b) that the pre-pass reads four
+    per warp (64 per SM, and 3 more: a partial group of lines); K = 33 (a part of one batch of loads) or 2100
+    (three chunks of 1024, the last partial). Every line has a large element (a missed one leaves its line's
+    scale too large and the product overflows), and two lines hold an Inf and a NaN: their elements are
+    folded again exactly, and their products are non-finite as in torch.matmul while the lines beside them
+    stay accurate."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    lines = 64 * sms + 3
+    if operand == "a_rows":
+        a = _with_large_element_per_line(random_tensor(gen, (lines, k), "normal", "cuda"), 0)
+        b = random_tensor(gen, (k, 40), "normal", "cuda")
+        a[lines - 2, k // 2] = float("inf")
+        a[5, k - 1] = float("nan")
+        bad = torch.tensor([5, lines - 2], device="cuda")
+    else:
+        a = random_tensor(gen, (48, k), "normal", "cuda")
+        b = _with_large_element_per_line(random_tensor(gen, (lines, k), "normal", "cuda").t(), 1)
+        b[k // 2, lines - 2] = float("inf")
+        b[k - 1, 5] = float("nan")
+        bad = torch.tensor([5, lines - 2], device="cuda")
+    for method in ("fp16", "auto"):
+        out = torch_wmmae.corrected_matmul(a, b, method=method)
+        ref = torch.matmul(a.double(), b.double()).float()
+        dim = 0 if operand == "a_rows" else 1
+        torch.testing.assert_close(out.index_select(dim, bad), ref.index_select(dim, bad), equal_nan=True,
+                                   rtol=0, atol=0, msg=f"{operand} {method}: non-finite lines")
+        good = torch.ones(lines, dtype=torch.bool, device="cuda")
+        good[bad] = False
+        if operand == "a_rows":
+            assert_matmul_within_dot_product_bound(out[good], a[good], b, f"{operand} {method} K={k}")
+        else:
+            assert_matmul_within_dot_product_bound(out[:, good], a, b[:, good], f"{operand} {method} K={k}")
+
+
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 OUT_DTYPES = {"out_f32": torch.float32, "out_f16": torch.float16, "out_bf16": torch.bfloat16}
 

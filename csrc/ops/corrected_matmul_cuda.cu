@@ -25,6 +25,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <type_traits>
 
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
@@ -139,15 +140,42 @@ struct LinesArgs {
   RangeArrays out;                       // [num_batches][lines]
   std::int64_t num_batches;
   bool vec4 = false;                     // strided lines read in float4s: see float4_lines
+  int lines_per_warp = 1;                // contiguous lines: see contiguous_lines_per_warp
 };
 
 constexpr int kPrepassThreads = 256;
-constexpr int kChunk = 64;    // elements of one line reduced by one thread (strided lines)
+constexpr int kChunk = 64;     // elements of one line reduced by one thread (strided lines)
 constexpr int kLoadBatch = 8;  // loads a thread has in flight before it looks at their values
 
-// Folds the elements first, first + step, ... (< end) of p into r, kLoadBatch loads at a time: the loop
-// carries only r, so without the batching each load's latency would be paid one after the other.
-__device__ inline void include_strided(MagnitudeBits& r, const float* p, std::int64_t first, std::int64_t end,
+// The pre-pass's fold of a run of elements: the same result as MagnitudeBits where the run holds no Inf or
+// NaN, in about 2.5 instructions per element instead of 8 (a shift, a fused add-and-min, half of a
+// three-input max). Twice a float's bits is twice its magnitude with the sign shifted out; the unsigned max
+// of that gives the largest magnitude, and the min of that minus one the smallest non-zero one (a zero's key
+// wraps to the top). Inf and NaN have the largest keys, so exact() says whether the max is finite; where it
+// is not (a line that holds one), the caller folds the same elements again with MagnitudeBits, which leaves
+// them out.
+struct MagnitudeKeys {
+  std::uint32_t twice_max;
+  std::uint32_t twice_min_less_one;
+
+  __device__ static MagnitudeKeys none() { return MagnitudeKeys{0u, 0xffffffffu}; }
+  __device__ void include(float v) {
+    const std::uint32_t u = __float_as_uint(v);
+    twice_max = max(twice_max, u + u);
+    twice_min_less_one = min(twice_min_less_one, u + u - 1u);
+  }
+  __device__ bool exact() const { return twice_max < 0xff000000u; }  // 2 * 0x7f800000: no Inf or NaN
+  __device__ MagnitudeBits bits() const {  // where exact()
+    return MagnitudeBits{twice_max >> 1,
+                         twice_min_less_one == 0xffffffffu ? 0xffffffffu : (twice_min_less_one + 1u) >> 1, false};
+  }
+};
+
+// Folds the elements first, first + step, ... (< end) of p into r (MagnitudeKeys or MagnitudeBits),
+// kLoadBatch loads at a time: the loop carries only r, so without the batching each load's latency would be
+// paid one after the other.
+template <class Fold>
+__device__ inline void include_strided(Fold& r, const float* p, std::int64_t first, std::int64_t end,
                                        std::int64_t step) {
   std::int64_t e = first;
   for (; e + (kLoadBatch - 1) * step < end; e += kLoadBatch * step) {
@@ -158,6 +186,17 @@ __device__ inline void include_strided(MagnitudeBits& r, const float* p, std::in
     for (int j = 0; j < kLoadBatch; ++j) r.include(v[j]);
   }
   for (; e < end; e += step) r.include(p[e]);
+}
+
+// MagnitudeBits of those elements: by keys, read again exactly where they hold an Inf or NaN.
+__device__ inline MagnitudeBits strided_magnitudes(const float* p, std::int64_t first, std::int64_t end,
+                                                   std::int64_t step) {
+  MagnitudeKeys keys = MagnitudeKeys::none();
+  include_strided(keys, p, first, end, step);
+  if (keys.exact()) return keys.bits();
+  MagnitudeBits r = MagnitudeBits::none();
+  include_strided(r, p, first, end, step);
+  return r;
 }
 
 __device__ inline MagnitudeBits warp_merge(MagnitudeBits r) {
@@ -177,31 +216,79 @@ __device__ inline const float* batch_base(const LinesArgs& args, std::int64_t z)
   return args.base + (args.use_b_strides ? b_off : a_off);
 }
 
-// Lines contiguous in memory (elem_stride == 1): warp `task` (of lines x chunks) reduces kWarpSpan
-// elements of one line. (float4 loads were not faster here: 0.85-1.06x in an H200 microbenchmark.)
+// Lines contiguous in memory (elem_stride == 1): warp `task` (of line groups x chunks) reduces kWarpSpan
+// elements of each of kLines consecutive lines, kLoads loads of each in flight together. Four lines per warp
+// where there are enough of them (contiguous_lines_per_warp), one where there are few, which need the warps.
+// (H200, session 22, with MagnitudeKeys: the pre-pass of 64 x 512^3 48.8 -> 43.6 us, of 64 x 512^3 with B
+// column-major, where both operands' lines are contiguous, 53.0 -> 44.9 us. float4 loads were not faster
+// here: 0.85-1.06x in an H200 microbenchmark.)
 constexpr int kWarpSpan = 1024;
-__device__ void contiguous_line_ranges(const LinesArgs& args, std::int64_t task, std::int64_t z) {
+template <int kLines, int kLoads>
+__device__ void contiguous_line_ranges(const LinesArgs& args, const float* base, std::int64_t task,
+                                       std::int64_t z) {
   const std::int64_t chunks = (args.length + kWarpSpan - 1) / kWarpSpan;
-  if (task >= args.lines * chunks) return;
-  const std::int64_t line = task / chunks, chunk = task % chunks;
+  const std::int64_t groups = (args.lines + kLines - 1) / kLines;
+  if (task >= groups * chunks) return;
+  const std::int64_t group = chunks == 1 ? task : task / chunks, chunk = chunks == 1 ? 0 : task % chunks;
+  const std::int64_t line0 = group * kLines;
+  const int lines_here = static_cast<int>(min(static_cast<std::int64_t>(kLines), args.lines - line0));
   const std::int64_t end = min(args.length, (chunk + 1) * kWarpSpan);
-  const float* p = batch_base(args, z) + line * args.line_stride;
-  MagnitudeBits r = MagnitudeBits::none();
-  include_strided(r, p, chunk * kWarpSpan + (threadIdx.x % 32), end, 32);
-  r = warp_merge(r);
-  if (threadIdx.x % 32 == 0) args.out.merge(z * args.lines + line, r.exponent_range());
+  const std::int64_t first = chunk * kWarpSpan + threadIdx.x % 32;
+  const float* p = base + line0 * args.line_stride;
+  // One pointer per line, advanced per batch of loads, so that each load is a pointer and a constant. Lines
+  // past the last read its first line again (unpredicated loads; their keys are not merged).
+  const float* q[kLines];
+  MagnitudeKeys keys[kLines];
+#pragma unroll
+  for (int g = 0; g < kLines; ++g) {
+    q[g] = p + (g < lines_here ? g : 0) * args.line_stride + first;
+    keys[g] = MagnitudeKeys::none();
+  }
+  // A batch of kLoads loads per line from element e on; `checked` where it crosses the end (separate code,
+  // or ptxas predicates every load; zeros count for nothing).
+  auto fold_batch = [&](std::int64_t e, auto checked) {
+    float v[kLines][kLoads];
+#pragma unroll
+    for (int g = 0; g < kLines; ++g) {
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) v[g][j] = !checked || e + 32 * j < end ? q[g][32 * j] : 0.0f;
+      q[g] += 32 * kLoads;
+    }
+#pragma unroll
+    for (int g = 0; g < kLines; ++g) {
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) keys[g].include(v[g][j]);
+    }
+  };
+  for (std::int64_t e = first; e < end; e += 32 * kLoads) {
+    if (e + 32 * (kLoads - 1) < end) {
+      fold_batch(e, std::false_type{});
+    } else {
+      fold_batch(e, std::true_type{});
+    }
+  }
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int g = 0; g < kLines; ++g) {
+    MagnitudeBits r = keys[g].bits();
+    if (!keys[g].exact() && g < lines_here) {  // an Inf or NaN among this lane's elements: again, exactly
+      r = MagnitudeBits::none();
+      include_strided(r, p + g * args.line_stride, first, end, 32);
+    }
+    r = warp_merge(r);
+    if (lane == g && g < lines_here) args.out.merge(z * args.lines + line0 + g, r.exponent_range());
+  }
 }
 
 // Strided lines: consecutive threads take consecutive lines (coalesced when line_stride == 1), kChunk
 // elements of a line each, chunks chunk0, chunk0 + chunk_step, ...
-__device__ void strided_line_ranges(const LinesArgs& args, std::int64_t line, std::int64_t chunk0,
-                                    std::int64_t chunk_step, std::int64_t z) {
+__device__ void strided_line_ranges(const LinesArgs& args, const float* base, std::int64_t line,
+                                    std::int64_t chunk0, std::int64_t chunk_step, std::int64_t z) {
   if (line >= args.lines) return;
-  const float* base = batch_base(args, z) + line * args.line_stride;
+  const float* p = base + line * args.line_stride;
   for (std::int64_t begin = chunk0 * kChunk; begin < args.length; begin += chunk_step * kChunk) {
     const std::int64_t end = min(args.length, begin + kChunk);
-    MagnitudeBits r = MagnitudeBits::none();
-    include_strided(r, base, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
+    const MagnitudeBits r = strided_magnitudes(p, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
     args.out.merge(z * args.lines + line, r.exponent_range());
   }
 }
@@ -212,38 +299,59 @@ __device__ void strided_line_ranges(const LinesArgs& args, std::int64_t line, st
 // memory and each line is merged once per block. (H200, against one line per thread in chunks of 64:
 // 1.03-1.22x the speed, fewer atomics.)
 constexpr int kTileLines = 128, kTileRun = 16, kTileSpan = kTileRun * kPrepassThreads / 32;
-__device__ void strided_line_tile_ranges(const LinesArgs& args, std::int64_t line_tile, std::int64_t band0,
-                                         std::int64_t band_step, std::int64_t z) {
+__device__ void strided_line_tile_ranges(const LinesArgs& args, const float* base, std::int64_t line_tile,
+                                         std::int64_t band0, std::int64_t band_step, std::int64_t z) {
   __shared__ MagnitudeBits partial[kPrepassThreads / 32][kTileLines];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t line0 = line_tile * kTileLines + 4 * lane;
-  const MagnitudeBits none = MagnitudeBits::none();
-  MagnitudeBits r[4] = {none, none, none, none};
-  if (line0 < args.lines) {  // all four lines are there: lines % 4 == 0
-    const float4* p = reinterpret_cast<const float4*>(batch_base(args, z) + line0);
-    const std::int64_t step = args.elem_stride / 4;
-    for (std::int64_t first = band0 * kTileSpan + warp * kTileRun; first < args.length;
-         first += band_step * kTileSpan) {
+  MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
+                           MagnitudeKeys::none()};
+  const float4* p = reinterpret_cast<const float4*>(base + line0);
+  const std::int64_t step = args.elem_stride / 4;
+  const bool lines_in = line0 < args.lines;  // all four lines are there: lines % 4 == 0
+  const std::int64_t first0 = band0 * kTileSpan + warp * kTileRun;
+  // One run of kTileRun elements from `first` (a pointer advanced by the stride; the bounds checked only
+  // where the run crosses the end of the lines: separate code, or ptxas predicates every load).
+  auto fold_run = [&](std::int64_t first, auto checked) {
+    const float4* pj = p + first * step;
 #pragma unroll
-      for (int batch = 0; batch < kTileRun; batch += kLoadBatch) {
-        float4 v[kLoadBatch];
+    for (int batch = 0; batch < kTileRun; batch += kLoadBatch) {
+      float4 v[kLoadBatch];
 #pragma unroll
-        for (int j = 0; j < kLoadBatch; ++j) {
-          const std::int64_t e = first + batch + j;
-          v[j] = e < args.length ? p[e * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // zeros count for nothing
-        }
+      for (int j = 0; j < kLoadBatch; ++j, pj += step) {
+        v[j] = !checked || first + batch + j < args.length ? *pj : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
 #pragma unroll
-        for (int j = 0; j < kLoadBatch; ++j) {
-          r[0].include(v[j].x);
-          r[1].include(v[j].y);
-          r[2].include(v[j].z);
-          r[3].include(v[j].w);
-        }
+      for (int j = 0; j < kLoadBatch; ++j) {  // (zeros count for nothing)
+        keys[0].include(v[j].x);
+        keys[1].include(v[j].y);
+        keys[2].include(v[j].z);
+        keys[3].include(v[j].w);
+      }
+    }
+  };
+  if (lines_in) {
+    for (std::int64_t first = first0; first < args.length; first += band_step * kTileSpan) {
+      if (first + kTileRun <= args.length) {
+        fold_run(first, std::false_type{});
+      } else {
+        fold_run(first, std::true_type{});
       }
     }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) partial[warp][4 * lane + i] = r[i];
+  for (int i = 0; i < 4; ++i) {
+    MagnitudeBits r = keys[i].bits();
+    if (!keys[i].exact()) {  // an Inf or NaN among this lane's elements of line line0 + i: again, exactly
+      r = MagnitudeBits::none();
+      const float* elems = base + line0 + i;
+      for (std::int64_t first = first0; first < args.length; first += band_step * kTileSpan) {
+        include_strided(r, elems, first * args.elem_stride, min(args.length, first + kTileRun) * args.elem_stride,
+                        args.elem_stride);
+      }
+    }
+    partial[warp][4 * lane + i] = r;
+  }
   __syncthreads();
   const std::int64_t line = line_tile * kTileLines + threadIdx.x;
   if (threadIdx.x < kTileLines && line < args.lines) {
@@ -270,12 +378,18 @@ struct PrepassArgs {
 __device__ void operand_line_ranges(const LinesArgs& lines, std::int64_t block, std::int64_t blocks,
                                     std::int64_t line_blocks) {
   for (std::int64_t z = blockIdx.z; z < lines.num_batches; z += gridDim.z) {
+    const float* base = batch_base(lines, z);
     if (lines.elem_stride == 1) {
-      contiguous_line_ranges(lines, block * (kPrepassThreads / 32) + threadIdx.x / 32, z);
+      const std::int64_t task = block * (kPrepassThreads / 32) + threadIdx.x / 32;
+      if (lines.lines_per_warp == 4) {
+        contiguous_line_ranges<4, 8>(lines, base, task, z);
+      } else {
+        contiguous_line_ranges<1, 16>(lines, base, task, z);
+      }
     } else if (lines.vec4) {
-      strided_line_tile_ranges(lines, block % line_blocks, block / line_blocks, blocks / line_blocks, z);
+      strided_line_tile_ranges(lines, base, block % line_blocks, block / line_blocks, blocks / line_blocks, z);
     } else {
-      strided_line_ranges(lines, block % line_blocks * kPrepassThreads + threadIdx.x, block / line_blocks,
+      strided_line_ranges(lines, base, block % line_blocks * kPrepassThreads + threadIdx.x, block / line_blocks,
                           blocks / line_blocks, z);
     }
   }
@@ -311,12 +425,20 @@ bool float4_lines(const LinesArgs& lines) {
   return true;
 }
 
+// Contiguous lines per warp in the pre-pass: four where that still gives every SM 16 warps' worth of tasks
+// (H200, session 22: one per warp was faster at 128 x 1024 x 4096, 128 lines).
+int contiguous_lines_per_warp(const LinesArgs& lines, int sm_count) {
+  const std::int64_t tasks4 = (lines.lines + 3) / 4 * ((lines.length + kWarpSpan - 1) / kWarpSpan) * lines.num_batches;
+  return tasks4 >= std::int64_t{sm_count} * 16 ? 4 : 1;
+}
+
 // Blocks that one operand's lines take in prepass_kernel; line_blocks: see PrepassArgs.
 std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_blocks) {
   *line_blocks = 1;
   if (lines.lines == 0 || lines.length == 0) return 0;
   if (lines.elem_stride == 1) {
-    const std::int64_t tasks = lines.lines * ((lines.length + kWarpSpan - 1) / kWarpSpan);
+    const std::int64_t tasks = (lines.lines + lines.lines_per_warp - 1) / lines.lines_per_warp *
+                               ((lines.length + kWarpSpan - 1) / kWarpSpan);
     return (tasks + kPrepassThreads / 32 - 1) / (kPrepassThreads / 32);
   }
   if (lines.vec4) {
@@ -336,7 +458,10 @@ bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::in
   PrepassArgs args{};
   args.lines[0] = a;
   args.lines[1] = b;
-  for (LinesArgs& lines : args.lines) lines.vec4 = float4_lines(lines);
+  for (LinesArgs& lines : args.lines) {
+    lines.vec4 = float4_lines(lines);
+    lines.lines_per_warp = contiguous_lines_per_warp(lines, sm_count);
+  }
   args.blocks[0] = prepass_blocks(args.lines[0], &args.line_blocks[0]);
   args.blocks[1] = prepass_blocks(args.lines[1], &args.line_blocks[1]);
   args.zero = zero;
