@@ -199,6 +199,7 @@ template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack>
 __global__ void __launch_bounds__(kThreads, 1)
     corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
 #ifdef WMMAE_SM90A_DEVICE
+  allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads what it writes
   // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
   // stages the K-major split measured faster (MN-major 4-8% slower).
   constexpr bool kBMnMajor = kBRowMajor && kTma;

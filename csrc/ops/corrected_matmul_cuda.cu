@@ -112,10 +112,12 @@ struct GemmArgs {
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
 
-// Programmatic dependent launch (sm_90): the GEMM is launched so that its blocks may start while the pre-pass
-// still runs (GemmLaunch::after_prepass); the pre-pass lets them as soon as each of its blocks has started,
-// and the GEMM reads nothing the pre-pass writes (line ranges, the zeroed output) before
-// wait_for_prior_grid(). A and B are complete before the pre-pass starts, so the GEMM may load them first.
+// Programmatic dependent launch (sm_90): the fp16 GEMM is launched so that its blocks may start while the
+// pre-pass still runs, and auto's tf32 GEMM so that its blocks may start while the fp16 GEMM still runs
+// (GemmLaunch::overlaps_previous). Each earlier kernel lets them as soon as each of its blocks has started,
+// and a later one reads nothing an earlier one writes (line ranges, the zeroed output, tf32_tiles_pending)
+// before wait_for_prior_grid(), which waits for the whole earlier grid (so for the pre-pass too, which the
+// fp16 GEMM waited for). A and B are complete before the pre-pass starts, so the GEMMs may load them first.
 // Both are no-ops without such a launch and before sm_90.
 __device__ __forceinline__ void allow_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -837,7 +839,11 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   const Method method = args.method;
-  if (M == Method::tf32 && method == Method::automatic && *args.tf32_tiles_pending == 0) return;
+  if (M == Method::fp16) allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads
+  if (M == Method::tf32 && method == Method::automatic) {
+    wait_for_prior_grid();  // the fp16 GEMM's tf32_tiles_pending
+    if (*args.tf32_tiles_pending == 0) return;
+  }
   std::int64_t m0, n0;
   tile_origin(m, n, blockIdx.x, m0, n0);
   const int warp = threadIdx.x / 32;
@@ -991,12 +997,12 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 // environment (env_is). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
 // includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel. sm90_tma: its
 // fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
-// outputs are the same bits). overlap_prepass: the fp16 GEMM may start while the pre-pass runs (programmatic
+// outputs are the same bits). overlap_launches: a GEMM may start while the kernel before it runs (programmatic
 // dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
 struct KernelChoice {
   bool sm90 = false;
   bool sm90_tma = false;
-  bool overlap_prepass = false;
+  bool overlap_launches = false;
 };
 
 KernelChoice choose_kernels(const cudaDeviceProp& props) {
@@ -1005,16 +1011,17 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
   choice.sm90 = props.major == 9 && props.minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
   choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
 #endif
-  choice.overlap_prepass = props.major >= 9;
+  choice.overlap_launches = props.major >= 9;
   return choice;
 }
 
-// Where and how a GEMM kernel is launched. after_prepass: the kernel launched just before on the stream is the
-// pre-pass, which the GEMM may overlap (see allow_dependent_grid).
+// Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
+// the pre-pass (before the fp16 GEMM) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
+// allow_dependent_grid).
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
-  bool after_prepass;
+  bool overlaps_previous;
   KernelChoice kernels;
 };
 
@@ -1030,7 +1037,7 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
-  if (launch.after_prepass && launch.kernels.overlap_prepass) {
+  if (launch.overlaps_previous && launch.kernels.overlap_launches) {
     config.attrs = &overlap;
     config.numAttrs = 1;
   }
@@ -1114,14 +1121,14 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
-                 bool after_prepass, const KernelChoice& kernels) {
+                 bool overlaps_previous, const KernelChoice& kernels) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
   const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
-                          stream, after_prepass, kernels};
+                          stream, overlaps_previous, kernels};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);
@@ -1211,7 +1218,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
   }
   if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels);
-  if (method != Method::fp16) launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, false, kernels);
+  // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
+  // end, so that this costs no launch gap.
+  if (method != Method::fp16) {
+    launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic, kernels);
+  }
   return out;
 }
 
