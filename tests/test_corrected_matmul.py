@@ -694,8 +694,9 @@ def test_launch_grid_rule(monkeypatch):
     """torch.ops.wmmae._corrected_matmul_grid (what the CUDA op launches, recorded by the benchmarks): one
     128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below
     256 k per split, and never in deterministic mode. The wgmma kernel's stream-K schedule: one block per SM at
-    most, at least 8 k-stages per block, chosen (below 4 waves of tiles) where its blocks run fewer than 0.95 x
-    the k-stages that the split-K grid's waves run one after the other, and fewer than those minus 4, and as
+    most, at least 8 k-stages per block, chosen (below 4 waves of tiles) where its blocks run fewer than 0.97 x
+    the k-stages that the split-K grid's waves run one after the other, and fewer than those minus 4 (minus 6
+    where its blocks run under 72 stages), and as
     TORCH_WMMAE_STREAM_K says (0: never, 1: wherever it can run); never in deterministic mode."""
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     grid = torch.ops.wmmae._corrected_matmul_grid
@@ -715,9 +716,16 @@ def test_launch_grid_rule(monkeypatch):
     # 11520 (tile, stage) units over all of them.
     assert grid(128, 11520, 4096, 1, 132)[1:] == [1, 90, 132]
     # Short shares: 23 tiles x 5 splits run 26 stages per block, stream-K would run 23 (0.88 x, but not 4
-    # fewer), and its pieces' fixed cost made it 4-7% slower there (H200); 27 x 4 splits: 32 against 27.
+    # fewer), and its pieces' fixed cost made it 4-7% slower there (H200); 27 x 4 splits: 32 against 27, 2-4%
+    # slower. Long shares gain near the grid's stages: 126 unsplit tiles, 128 against 123, 6% faster.
     assert grid(128, 2880, 4096, 1, 132) == [23, 5, 115, 0]
-    assert grid(128, 3392, 4096, 1, 132) == [27, 4, 108, 132]
+    assert grid(128, 3392, 4096, 1, 132) == [27, 4, 108, 0]
+    assert grid(128, 16064, 4096, 1, 132) == [126, 1, 126, 132]
+    # 251 tiles: the grid's two waves run 256 stages, stream-K's blocks 244 (0.953 x; H200: 440 against 406 us).
+    assert grid(128, 32064, 4096, 1, 132) == [251, 1, 251, 132]
+    # 256 tiles (one chunk of K per block from N = 32768 on): 249 against 256 (0.973 x) stays a grid (H200:
+    # stream-K 3% slower).
+    assert grid(128, 32768, 4096, 1, 132) == [256, 1, 256, 0]
     # Grids that keep 97% of their waves' SM slots busy stay grids (stream-K's pieces and atomics cost more).
     assert grid(2048, 2048, 2048, 1, 132) == [256, 1, 256, 0]
     assert grid(1024, 1024, 1024, 8, 132) == [64, 1, 512, 0]

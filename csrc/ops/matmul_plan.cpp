@@ -117,18 +117,23 @@ StreamK stream_k_policy() {
 
 // Stream-K's blocks: one per SM, each at least kMinStreamKStages stages (as split-K's 256 k). Chosen where its
 // blocks have fewer k-stages than the split-K grid's waves run one after the other (waves x stages per split)
-// by a margin: kStreamKGain times those, and kStreamKPieceStages fewer. Stream-K balances the waves but costs
-// more per block (it crosses into two or three tiles, each a pipeline fill and a flush of atomics into an
-// output that the pre-pass must zero first), so it loses where the grid is nearly balanced already. H200, the
-// same build, GPU time per call, grid -> stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K
-// 0.73-0.93 of the grid's stages) 6-25% faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98) 2.5-8%
-// slower (session 16). Short shares pay the fixed cost most: at M = 128, K = 4096, N = 1024-3840 (8-30
-// stages per block, 0.80-0.94 of the grid's) stream-K was up to 11% slower, from N = 5056 on at most 2%
-// (483 shapes of the sweep, session 19); the 4-stage margin leaves at most 1.5% on the table among them
-// (benchmarks/NOTES.md).
+// by a margin: kStreamKGain times those, and kStreamKPieceStages fewer (kStreamKShortPieceStages for shares
+// under kStreamKShortShare stages). Stream-K balances the waves but costs more per block (it crosses into two
+// or three tiles, each a pipeline fill and a flush of atomics into an output that the pre-pass must zero
+// first), so it loses where the grid is nearly balanced already. H200, the same build, GPU time per call,
+// grid -> stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K 0.73-0.93 of the grid's stages)
+// 6-25% faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98, 2-3 stages fewer) 2.5-8% slower (session
+// 16). Short shares pay the fixed cost most: at M = 128, K = 4096, N = 1024-3840 (8-30 stages per block,
+// 0.80-0.94 of the grid's) stream-K was up to 11% slower (session 19), and with 4-5 stages fewer at 27-59
+// stages per block 1-4% slower (N = 3392, 4928, 7616, session 22); long ones gain even near the grid's
+// stages: 81-248 stages per block at 0.94-0.97 of the grid's, 5-8 stages fewer, 1-8% faster (N = 10560,
+// 15936-16128, 24064-24576, 32064-32640, session 22), but not at 0.973-0.977 from N = 32768 on, where the
+// grid's blocks sum K in one chunk (3% slower; benchmarks/NOTES.md).
 constexpr std::int64_t kMinStreamKStages = 8;
-constexpr double kStreamKGain = 0.95;
+constexpr double kStreamKGain = 0.97;
 constexpr std::int64_t kStreamKPieceStages = 4;
+constexpr std::int64_t kStreamKShortShare = 72;
+constexpr std::int64_t kStreamKShortPieceStages = 6;
 std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, int sms, StreamK policy) {
   if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
   const std::int64_t k_stages = gemm_k_stages(k);
@@ -139,8 +144,9 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, i
   const std::int64_t split_waves = (tiles * k_splits + sms - 1) / sms;
   const std::int64_t split_stages = split_waves * (k_per_split(k, k_splits) / kGemmStageK);
   const std::int64_t stream_k_stages = (tiles * k_stages + blocks - 1) / blocks;
+  const std::int64_t margin = stream_k_stages < kStreamKShortShare ? kStreamKShortPieceStages : kStreamKPieceStages;
   const bool gains = static_cast<double>(stream_k_stages) < kStreamKGain * static_cast<double>(split_stages) &&
-                     stream_k_stages < split_stages - kStreamKPieceStages;
+                     stream_k_stages < split_stages - margin;
   return gains ? blocks : 0;
 }
 
