@@ -124,7 +124,7 @@ StreamK stream_k_policy() {
 // grid -> stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K 0.73-0.93 of the grid's stages)
 // 6-25% faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98, 2-3 stages fewer) 2.5-8% slower (session
 // 16). Short shares pay the fixed cost most: at M = 128, K = 4096, N = 1024-3840 (8-30 stages per block,
-// 0.80-0.94 of the grid's) stream-K was up to 11% slower (session 19), and with 4-5 stages fewer at 27-59
+// 0.80-0.94 of the grid's) stream-K was up to 11% slower (session 19), and with 5 stages fewer at 27-59
 // stages per block 1-4% slower (N = 3392, 4928, 7616, session 22); long ones gain even near the grid's
 // stages: 81-248 stages per block at 0.94-0.97 of the grid's, 5-8 stages fewer, 1-8% faster (N = 10560,
 // 15936-16128, 24064-24576, 32064-32640, session 22), but not at 0.973-0.977 from N = 32768 on, where the
