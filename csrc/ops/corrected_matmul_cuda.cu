@@ -225,12 +225,19 @@ __device__ inline const float* batch_base(const LinesArgs& args, std::int64_t z)
 // column-major, where both operands' lines are contiguous, 53.0 -> 44.9 us. float4 loads were not faster
 // here: 0.85-1.06x in an H200 microbenchmark.)
 constexpr int kWarpSpan = 1024;
+// Chunks of kWarpSpan elements per line, and the warp tasks of one batch entry with `lines_per_warp` lines each
+// (line groups x chunks): the host sizes the grid with these, the warps find their lines with them.
+__host__ __device__ inline std::int64_t contiguous_chunks(const LinesArgs& args) {
+  return (args.length + kWarpSpan - 1) / kWarpSpan;
+}
+__host__ __device__ inline std::int64_t contiguous_tasks(const LinesArgs& args, int lines_per_warp) {
+  return (args.lines + lines_per_warp - 1) / lines_per_warp * contiguous_chunks(args);
+}
 template <int kLines, int kLoads>
 __device__ void contiguous_line_ranges(const LinesArgs& args, const float* base, std::int64_t task,
                                        std::int64_t z) {
-  const std::int64_t chunks = (args.length + kWarpSpan - 1) / kWarpSpan;
-  const std::int64_t groups = (args.lines + kLines - 1) / kLines;
-  if (task >= groups * chunks) return;
+  if (task >= contiguous_tasks(args, kLines)) return;
+  const std::int64_t chunks = contiguous_chunks(args);
   const std::int64_t group = chunks == 1 ? task : task / chunks, chunk = chunks == 1 ? 0 : task % chunks;
   const std::int64_t line0 = group * kLines;
   const int lines_here = static_cast<int>(min(static_cast<std::int64_t>(kLines), args.lines - line0));
@@ -430,8 +437,7 @@ bool float4_lines(const LinesArgs& lines) {
 // Contiguous lines per warp in the pre-pass: four where that still gives every SM 16 warps' worth of tasks
 // (H200, session 22: one per warp was faster at 128 x 1024 x 4096, 128 lines).
 int contiguous_lines_per_warp(const LinesArgs& lines, int sm_count) {
-  const std::int64_t tasks4 = (lines.lines + 3) / 4 * ((lines.length + kWarpSpan - 1) / kWarpSpan) * lines.num_batches;
-  return tasks4 >= std::int64_t{sm_count} * 16 ? 4 : 1;
+  return contiguous_tasks(lines, 4) * lines.num_batches >= std::int64_t{sm_count} * 16 ? 4 : 1;
 }
 
 // Blocks that one operand's lines take in prepass_kernel; line_blocks: see PrepassArgs.
@@ -439,8 +445,7 @@ std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_blocks) {
   *line_blocks = 1;
   if (lines.lines == 0 || lines.length == 0) return 0;
   if (lines.elem_stride == 1) {
-    const std::int64_t tasks = (lines.lines + lines.lines_per_warp - 1) / lines.lines_per_warp *
-                               ((lines.length + kWarpSpan - 1) / kWarpSpan);
+    const std::int64_t tasks = contiguous_tasks(lines, lines.lines_per_warp);
     return (tasks + kPrepassThreads / 32 - 1) / (kPrepassThreads / 32);
   }
   if (lines.vec4) {
