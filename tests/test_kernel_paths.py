@@ -353,22 +353,21 @@ def test_corrected_matmul_prepass_many_contiguous_lines(gen, operand, k):
     stay accurate."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     lines = 64 * sms + 3
+    bad = torch.tensor([5, lines - 2], device="cuda")  # the NaN line and the Inf line
+    dim = 0 if operand == "a_rows" else 1  # the output's dimension along the lines
     if operand == "a_rows":
         a = _with_large_element_per_line(random_tensor(gen, (lines, k), "normal", "cuda"), 0)
         b = random_tensor(gen, (k, 40), "normal", "cuda")
         a[lines - 2, k // 2] = float("inf")
         a[5, k - 1] = float("nan")
-        bad = torch.tensor([5, lines - 2], device="cuda")
     else:
         a = random_tensor(gen, (48, k), "normal", "cuda")
         b = _with_large_element_per_line(random_tensor(gen, (lines, k), "normal", "cuda").t(), 1)
         b[k // 2, lines - 2] = float("inf")
         b[k - 1, 5] = float("nan")
-        bad = torch.tensor([5, lines - 2], device="cuda")
     for method in ("fp16", "auto"):
         out = torch_wmmae.corrected_matmul(a, b, method=method)
         ref = torch.matmul(a.double(), b.double()).float()
-        dim = 0 if operand == "a_rows" else 1
         torch.testing.assert_close(out.index_select(dim, bad), ref.index_select(dim, bad), equal_nan=True,
                                    rtol=0, atol=0, msg=f"{operand} {method}: non-finite lines")
         good = torch.ones(lines, dtype=torch.bool, device="cuda")
