@@ -44,3 +44,20 @@ def test_valley_and_step():
     assert found["nearby"] == [64 * (i + 1) for i in range(1, 6)]  # the five points before the step
     # Exactly 10% below is not more than 10% below.
     assert dips(rows_of(flat[:6] + [9.0] + flat[7:]))["nearby"] == []
+
+
+def test_sustained_reads_nvidia_smi_samples(tmp_path):
+    # bench_sustained.smi_samples: nvidia-smi's CSV lines (timestamp, SM clock, power, throttle reasons) to
+    # numbers; lines it cannot read (a header, a driver message) are skipped.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+    from bench_sustained import POWER_CAP_REASON, smi_samples
+
+    csv = tmp_path / "smi.csv"
+    csv.write_text("timestamp, clocks.current.sm [MHz], power.draw [W], clocks_throttle_reasons.active\n"
+                   "2026/11/22 13:01:02.250, 1770 MHz, 692.40 W, 0x0000000000000004\n"
+                   "some driver message\n"
+                   "2026/11/22 13:01:02.300, 1980 MHz, 120.05 W, 0x0000000000000000\n")
+    samples = smi_samples(str(csv))
+    assert [s[1:] for s in samples] == [(1770.0, 692.40, 0x4), (1980.0, 120.05, 0)]
+    assert abs((samples[1][0] - samples[0][0]) - 0.05) < 1e-6
+    assert samples[0][3] & POWER_CAP_REASON and not samples[1][3] & POWER_CAP_REASON
