@@ -86,6 +86,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes and a coarse N sweep")
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     p.add_argument("--sweep-step", type=int, default=None)
+    p.add_argument("--cool", type=float, default=3.0,
+                   help="idle seconds before each square and batched shape (see settle)")
     args = p.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     # Process warm-up, discarded: the first shape measured after other GPU work (tests, the batched_outer
@@ -96,12 +98,23 @@ def main() -> None:
     deadline = time.perf_counter() + 2.0
     while time.perf_counter() < deadline:
         bench_shape(1024, 1024, 1024, 1, l2, reps=20)
+    # A shape measured right after seconds of large GEMMs at the GPU's power limit found the GPU in another
+    # state, which slowed torch.matmul more than corrected_matmul (H200, 64 x 512^3 right after 2 s of
+    # 16384^3: torch fp32 39.1 TFLOP/s against 48.5 in a fresh process, ours 77.3 against 83.8; the batched
+    # row used to follow 16384^3 here). So every square and batched shape starts from an idle GPU.
+    def settle() -> None:
+        torch.cuda.synchronize()
+        time.sleep(args.cool)
+
     rows = []
     squares = (1024, 2048, 4096, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
     for s in squares:
+        settle()
         rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20)
+        settle()
         rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20, methods=("auto",), dist="normal")
         print(rows[-4:], flush=True)
+    settle()
     rows += bench_shape(512, 512, 512, 64, l2, reps=20)
     print(rows[-3:], flush=True)
     step = args.sweep_step or (1024 if args.quick else 64)
