@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shutil
 import statistics
 import subprocess
@@ -73,7 +74,9 @@ def smi_samples(path: str) -> list:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=3.0, help="how long each kind of call is held")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="how long each kind of call is held (the board power reading lags: at 4096^3, 0.5 s "
+                        "showed 254 W where 3 s showed 691)")
     p.add_argument("--cool", type=float, default=2.0, help="idle seconds before each")
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = p.parse_args()
@@ -81,37 +84,40 @@ def main() -> None:
         sys.exit("bench_sustained.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    fp16 = lambda a, b: torch_wmmae.corrected_matmul(a, b, method="fp16")  # noqa: E731
     cases = [  # (label, batch, n, dtype, function)
-        ("corrected_matmul fp16", 1, 4096, torch.float32, lambda a, b: torch_wmmae.corrected_matmul(a, b, method="fp16")),
+        ("corrected_matmul fp16", 1, 4096, torch.float32, fp16),
         ("torch fp32", 1, 4096, torch.float32, torch.matmul),
-        ("corrected_matmul fp16", 1, 16384, torch.float32, lambda a, b: torch_wmmae.corrected_matmul(a, b, method="fp16")),
+        ("corrected_matmul fp16", 1, 16384, torch.float32, fp16),
         ("torch fp32", 1, 16384, torch.float32, torch.matmul),
         ("torch fp16 (reference: 3 products' energy)", 1, 8192, torch.float16, torch.matmul),
         ("corrected_matmul auto", 64, 512, torch.float32, torch_wmmae.corrected_matmul),
         ("torch fp32", 64, 512, torch.float32, torch.matmul),
     ]
-    smi_path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
-    smi = None
-    if shutil.which("nvidia-smi"):
-        props = torch.cuda.get_device_properties(0)  # nvidia-smi numbers GPUs its own way: by PCI address
-        pci = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-        smi = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active",
-             "--format=csv,noheader", "-lms", "50", "-i", pci],
-            stdout=open(smi_path, "w"))
-    phases = []
-    for label, batch, n, dtype, fn in cases:
-        sets = operands(batch, n, dtype, l2)
-        torch.cuda.synchronize()
-        time.sleep(args.cool)
-        windows = held_rate(fn, sets, 2.0 * batch * n ** 3, args.seconds)
-        phases.append((label, batch, n, windows))
-        del sets
-        print(f"{label} {batch} x {n}^3: median {statistics.median(w[2] for w in windows):.1f} TFLOP/s", flush=True)
-    if smi is not None:
-        smi.terminate()
-        smi.wait()
-    samples = smi_samples(smi_path)
+    phases, samples = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        smi_path = os.path.join(tmp, "smi.csv")
+        with open(smi_path, "w") as smi_out:
+            smi = None
+            if shutil.which("nvidia-smi"):
+                props = torch.cuda.get_device_properties(0)  # nvidia-smi numbers GPUs its own way: by PCI address
+                pci = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+                smi = subprocess.Popen(
+                    ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active",
+                     "--format=csv,noheader", "-lms", "50", "-i", pci], stdout=smi_out)
+            for label, batch, n, dtype, fn in cases:
+                sets = operands(batch, n, dtype, l2)
+                torch.cuda.synchronize()
+                time.sleep(args.cool)
+                windows = held_rate(fn, sets, 2.0 * batch * n ** 3, args.seconds)
+                phases.append((label, batch, n, windows))
+                del sets
+                print(f"{label} {batch} x {n}^3: median {statistics.median(w[2] for w in windows):.1f} TFLOP/s",
+                      flush=True)
+            if smi is not None:
+                smi.terminate()
+                smi.wait()
+        samples = smi_samples(smi_path)
     rows = []
     for label, batch, n, windows in phases:
         rates = [w[2] for w in windows]
