@@ -171,7 +171,7 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
-TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false)>")
+TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false)>")
 
 
 @requires_cuda
@@ -202,7 +202,92 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
             assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 
-READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true>")
+# The pre-pass beside the GEMM (resident_prepass_sm90.cuh), which batched calls can take where TMA reads both
+# operands (TORCH_WMMAE_RESIDENT_PREPASS=1 asks for it wherever it can run): (a as (shape, line stride,
+# column-major), b likewise, magnitudes, whether it can run). Partial tiles
+# and stages (m, n not multiples of 128; K not a multiple of 32 or of the 128-wide bands), every layout
+# (k-inner and line-inner stage tiles), padded lines, a broadcast b, more items than SMs (each warp several,
+# across batch entries), magnitudes over 2^+-40 with an Inf and a NaN (the exact re-read of a band), and
+# where it must not run: a single matrix, and split-K (the grid pre-pass zeroes the output).
+RESIDENT_CASES = {
+    "row_row": (((6, 200, 300), 304, False), ((6, 300, 136), 136, False), "normal", True),
+    "a_col": (((3, 130, 520), 132, True), ((3, 520, 72), 72, False), "normal", True),
+    "b_col": (((3, 130, 260), 260, False), ((3, 260, 257), 260, True), "normal", True),
+    "both_col": (((2, 256, 100), 256, True), ((2, 100, 128), 100, True), "normal", True),
+    "broadcast_b": (((5, 130, 520), 520, False), ((520, 72), 72, False), "normal", True),
+    "many_batch_entries": (((300, 64, 64), 64, False), ((300, 64, 64), 64, False), "normal", True),
+    "wide_range_inf_nan": (((4, 130, 300), 300, False), ((4, 300, 136), 300, True), "wide", True),
+    "single_matrix": (((130, 300), 300, False), ((300, 136), 136, False), "normal", False),
+    "split_k": (((2, 64, 8192), 8192, False), ((2, 8192, 64), 64, False), "normal", False),
+}
+RESIDENT_PREPASS_KERNEL = "resident_prepass_kernel"
+BESIDE_PREPASS_GEMM = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, false, true>")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("case", list(RESIDENT_CASES))
+def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
+    """The pre-pass beside the GEMM finds the same line ranges as the grid pre-pass (so the same output
+    bits), the output is correct, and it runs exactly where it applies."""
+    (a_shape, a_ld, a_col), (b_shape, b_ld, b_col), magnitudes, applies = RESIDENT_CASES[case]
+    a = _strided_matrix(gen, a_shape, a_ld, 0, col_major=a_col)
+    b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
+    if magnitudes == "wide":
+        for t in (a, b):
+            t.mul_(torch.exp2(torch.rand(t.shape, generator=gen, dtype=torch.float64) * 80 - 40).float().cuda())
+        a[1, 7, 100] = float("inf")
+        b[2, 250, 9] = float("nan")
+    outs, kernels = {}, {}
+    for resident in ("1", "0"):
+        monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", resident)
+        with deterministic(case != "split_k"):
+            kernels[resident] = _launched_kernels(
+                lambda: outs.setdefault(resident, torch_wmmae.corrected_matmul(a, b, method=method)))
+    if case != "split_k":  # (split-K's atomics add in any order)
+        torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0, equal_nan=True)
+    if _has_sm90_gemm():
+        assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels["1"]) == applies, kernels["1"]
+        assert any(BESIDE_PREPASS_GEMM.search(name) for name in kernels["1"]) == applies, kernels["1"]
+    for name in kernels["0"]:
+        assert RESIDENT_PREPASS_KERNEL not in name and not BESIDE_PREPASS_GEMM.search(name), kernels["0"]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a_full, b_full = a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])
+    if magnitudes == "wide":
+        if method == "auto":  # (fp16 is not accurate on such spans, by design: only its bits are compared)
+            ref = torch.matmul(a_full.double(), b_full.double())
+            out = outs["1"]
+            assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN exactly where float64 has NaN"
+            assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)].float()), "Inf as in float64"
+            finite = torch.isfinite(ref)
+            rel = ((out.double() - ref)[finite].norm() / ref[finite].norm()).item()
+            assert rel < 1e-6, f"relative error {rel:.3e} on 2^+-40 magnitudes"
+    else:
+        assert_matmul_within_dot_product_bound(outs["1"], a_full, b_full, case)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, resident", [((64, 512, 512, 512), True), ((8, 1024, 1024, 1024), True),
+                                             ((32, 256, 1024, 512), False), ((256, 128, 128, 128), False)],
+                         ids=["64x512^3", "8x1024^3", "32x256x1024x512", "256x128^3"])
+def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, resident):
+    """By default the pre-pass runs beside the GEMM where it keeps up with it (at most 9 KB of A and B per
+    tile and k-stage): the shapes measured faster that way take it, those measured slower do not."""
+    if not _has_sm90_gemm():
+        pytest.skip("the resident pre-pass runs on the wgmma kernel only")
+    monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
+    batch, m, n, k = shape
+    a = random_tensor(gen, (batch, m, k), "uniform", "cuda")
+    b = random_tensor(gen, (batch, k, n), "uniform", "cuda")
+    out = {}
+    kernels = _launched_kernels(lambda: out.setdefault("c", torch_wmmae.corrected_matmul(a, b)))
+    assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels) == resident, kernels
+    assert_matmul_within_dot_product_bound(out["c"], a, b, str(shape))
+
+
+READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
 
 
 @requires_cuda

@@ -192,12 +192,32 @@ struct TmaMaps {
   bool a_batched, b_batched;
 };
 
+// Registers per thread of the kernel that runs beside the resident pre-pass (kBesidePrepass): few enough that
+// each scheduler's quarter of the register file has room for the pre-pass's warp (resident_prepass_sm90.cuh).
+// Only that instantiation: the cap costs the others time (H200: 4096^3 and 8192^3 GEMMs 2-3% slower at 248,
+// 64 x 512^3 6% at 240).
+constexpr int kBesidePrepassGemmRegisters = 240;
+
+// The GEMM's wait for the line ranges of batch entry z from the resident pre-pass: every item of the entry
+// has released its count (see resident_prepass_kernel).
+__device__ __forceinline__ void wait_for_resident_prepass(const int* items_done, std::int64_t z, int items) {
+  for (;;) {
+    int done;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(done) : "l"(items_done + z) : "memory");
+    if (done >= items) return;
+    __nanosleep(100);
+  }
+}
+
 // kTma: the fp32 stages come by TMA (lane 0 of a warp per box issues them, an mbarrier per stage slot says
 // when they have landed) instead of cp.async by every thread; see StageTile for their layout. kReadBack: the
 // chunk flush reads the earlier chunks' partial sums back in one batch (see sm90_read_back for where).
-template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack>
-__global__ void __launch_bounds__(kThreads, 1)
+// kBesidePrepass: the blocks share their SMs with the resident pre-pass and wait for their batch entry's line
+// ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid.
+template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
+__global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
+  static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
 #ifdef WMMAE_SM90A_DEVICE
   allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads what it writes
   // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
@@ -343,7 +363,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kTma) {
       for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
     }
-    wait_for_prior_grid();  // the pre-pass's line ranges (and zeroed output); A and B were complete before it
+    // The pre-pass's line ranges (and zeroed output); A and B were complete before it.
+    if constexpr (kBesidePrepass) {
+      wait_for_resident_prepass(args.prepass_items_done, z, args.prepass_items_per_batch);
+    } else {
+      wait_for_prior_grid();
+    }
     const TileLines lines = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
     if (args.method == Method::automatic && !lines.fp16_safe) {  // the tf32 kernel's tile
       if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;

@@ -2,7 +2,8 @@
 //
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
-//    output when K is split; one launch for all of it.
+//    output when K is split; one launch for all of it. In batched calls on H100/H200 it may instead run as
+//    one warp per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
 // 2. GEMM: 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are read in place (row- or
 //    column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline of fp32 tiles; a
 //    split pass scales each value by its row's / column's power of two and splits it into hi and residual
@@ -109,6 +110,10 @@ struct GemmArgs {
   // The wgmma kernel's stream-K schedule (stream_k_share, matmul_plan.hpp), launched as that many blocks
   // instead of the grid of tiles x k_splits x batch; 0: the grid. Its output too starts zeroed and takes atomics.
   std::int64_t stream_k_blocks;
+  // The resident pre-pass's count of finished items per batch entry (resident_prepass_sm90.cuh), which the
+  // GEMM waits for instead of the whole pre-pass grid; null with the grid pre-pass.
+  const int* prepass_items_done;
+  int prepass_items_per_batch;
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
 
@@ -1053,6 +1058,7 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
 }  // namespace wmmae_ops
 
 #include "corrected_gemm_sm90.cuh"
+#include "resident_prepass_sm90.cuh"
 
 namespace wmmae_ops {
 namespace {
@@ -1094,15 +1100,82 @@ bool sm90_read_back(const GemmArgs& args) {
          args.k > kAccumulationChunkSmall;
 }
 
+// Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): batched calls where TMA reads both
+// operands, without split-K, stream-K or the chunk read-back, with overlapped launches, and where it keeps up
+// with the GEMM. Beside the GEMM it reads about 0.8 TB/s (H200), which is the GEMM's pace at about 8 KB of A
+// and B per tile and k-stage; where there is more, the GEMM waits for it. Per call, grid form -> resident (H200,
+// one build): 64 x 512^3 (8 KB) 214 -> 190 us, 64 x 512 x 512 x 256 (8 KB) 143 -> 128, 8 x 1024^3 (4 KB)
+// 173 -> 164, but 32 x 256 x 1024 x 512 (10 KB) 120 -> 127. TORCH_WMMAE_RESIDENT_PREPASS=0 / 1 turns it off /
+// on wherever it can run (the line ranges, and so the outputs, are the same).
+bool resident_prepass_applies(const GemmArgs& args, const GemmGrid& grid, const KernelChoice& kernels) {
+  if (!kernels.sm90 || !kernels.sm90_tma || !kernels.overlap_launches || args.num_batches < 2 ||
+      args.adds_into_output() || sm90_read_back(args) || env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0")) {
+    return false;
+  }
+  if (env_is("TORCH_WMMAE_RESIDENT_PREPASS", "1")) return true;
+  constexpr double kBytesPerTileStage = 9 * 1024;
+  const double operand_bytes = sizeof(float) * static_cast<double>(args.num_batches) * (args.m + args.n) * args.k;
+  const double tile_stages = static_cast<double>(grid.tiles) * args.num_batches * gemm_k_stages(args.k);
+  return operand_bytes <= kBytesPerTileStage * tile_stages;
+}
+
+// Launches the resident pre-pass of a and b into their line ranges, counting finished items in items_done
+// ([num_batches], zeroed), and points args at the counts. Returns false (nothing launched) where TMA cannot
+// read an operand in place.
+template <bool kARowMajor, bool kBRowMajor>
+bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, int* items_done,
+                                     int sm_count, cudaStream_t stream) {
+  sm90::TmaMaps maps{};
+  if (!tma_maps<kARowMajor, kBRowMajor>(args, &maps)) return false;
+  sm90::ResidentPrepassArgs prepass{};
+  prepass.lines[0] = a;
+  prepass.lines[1] = b;
+  const auto line_tiles = [](std::int64_t lines) { return (lines + sm90::kResidentLines - 1) / sm90::kResidentLines; };
+  constexpr std::int64_t kBandK = sm90::kResidentBandStages * sm90::kBlockK;
+  const std::int64_t a_tiles = line_tiles(args.m), b_tiles = line_tiles(args.n), bands = (args.k + kBandK - 1) / kBandK;
+  const std::int64_t items_per_batch = (a_tiles + b_tiles) * bands;
+  if (items_per_batch * args.num_batches > 0x3fffffff) return false;  // (the kernel counts items in 32 bits)
+  prepass.line_tiles[0] = static_cast<int>(a_tiles);
+  prepass.line_tiles[1] = static_cast<int>(b_tiles);
+  prepass.bands = static_cast<int>(bands);
+  prepass.items_per_batch = static_cast<int>(items_per_batch);
+  prepass.items = static_cast<int>(items_per_batch * args.num_batches);
+  prepass.items_done = items_done;
+  const unsigned blocks = static_cast<unsigned>(std::min(sm_count, prepass.items));  // one warp per SM
+  constexpr auto kernel = sm90::resident_prepass_kernel<kARowMajor, kBRowMajor>;
+  prefer_max_shared_carveout<kernel>();  // (and the GEMM's beside it: see launch_sm90)
+  kernel<<<blocks, 32, sm90::kResidentSmemBytes, stream>>>(prepass, maps);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  args.prepass_items_done = items_done;
+  args.prepass_items_per_batch = prepass.items_per_batch;
+  return true;
+}
+
+bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, bool a_row, bool b_row,
+                             int* items_done, int sm_count, cudaStream_t stream) {
+  if (a_row && b_row) return launch_resident_prepass_variant<true, true>(args, a, b, items_done, sm_count, stream);
+  if (a_row) return launch_resident_prepass_variant<true, false>(args, a, b, items_done, sm_count, stream);
+  if (b_row) return launch_resident_prepass_variant<false, true>(args, a, b, items_done, sm_count, stream);
+  return launch_resident_prepass_variant<false, false>(args, a, b, items_done, sm_count, stream);
+}
+
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
+  if constexpr (kTma) {
+    if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose warps its blocks join
+      constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
+      prefer_max_shared_carveout<kernel>();
+      launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args, maps);
+      return;
+    }
+  }
   if (sm90_read_back(args)) {
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true>>(Cfg::kSmemBytes, launch,
-                                                                                            args, maps);
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false>>(
+        Cfg::kSmemBytes, launch, args, maps);
   } else {
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false>>(Cfg::kSmemBytes, launch,
-                                                                                             args, maps);
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false>>(
+        Cfg::kSmemBytes, launch, args, maps);
   }
 }
 #endif
@@ -1206,12 +1279,18 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   at::Tensor ranges;
   bool prepass_launched = false;
   if (method != Method::tf32) {
+#ifdef WMMAE_HAS_SM90A
+    const bool resident = resident_prepass_applies(args, grid, kernels);
+#else
+    const bool resident = false;
+#endif
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
-    // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending.
+    // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending; then
+    // the resident pre-pass's counts per batch entry.
     const std::int64_t per = plan.batch * (plan.m + plan.n);
     // Zeroed by one memset: at::zeros goes through TensorIterator and a fill kernel, which cost the host
     // 1.4-12 us more per call (H200, two same-build pairs of runs).
-    ranges = at::empty({3 * per + 1}, a.options().dtype(at::kInt));  // see RangeArrays
+    ranges = at::empty({3 * per + 1 + (resident ? plan.batch : 0)}, a.options().dtype(at::kInt));  // see RangeArrays
     int* base = ranges.data_ptr<int>();
     C10_CUDA_CHECK(cudaMemsetAsync(base, 0, ranges.nbytes(), stream));
     args.tf32_tiles_pending = base + 3 * per;
@@ -1220,7 +1299,16 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
     const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
     const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
-    prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
+#ifdef WMMAE_HAS_SM90A
+    if (resident) {
+      prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 1, sm_count,
+                                                 stream);
+    }
+#endif
+    if (!prepass_launched) {
+      prepass_launched =
+          launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
+    }
   }
   if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels);
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's

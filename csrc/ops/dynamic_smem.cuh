@@ -28,4 +28,18 @@ void allow_dynamic_smem(std::size_t bytes) {
   limit.store(bytes, std::memory_order_release);
 }
 
+// Asks that SMs running `Kernel` take the largest shared-memory carveout (the rest of L1 stays cache). For
+// kernels whose blocks share SMs with another kernel's (the resident pre-pass beside the GEMM): the driver
+// otherwise sizes an SM's carveout for the first kernel's blocks, and the other's large blocks cannot join
+// them. Once per kernel and device.
+template <auto Kernel>
+void prefer_max_shared_carveout() {
+  static std::array<std::atomic<bool>, C10_COMPILE_TIME_MAX_GPUS> done{};
+  std::atomic<bool>& set = done[c10::cuda::current_device()];
+  if (set.load(std::memory_order_acquire)) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+  set.store(true, std::memory_order_release);
+}
+
 }  // namespace wmmae_ops

@@ -1,0 +1,189 @@
+// The exponent pre-pass beside the wgmma GEMM (sm_90a), for batched calls whose operands TMA reads in place;
+// included by corrected_matmul_cuda.cu after corrected_gemm_sm90.cuh (LinesArgs, MagnitudeKeys, TmaMaps,
+// StageTile).
+//
+// The grid pre-pass must end before the GEMM's first tile starts: its blocks fill every SM, and the GEMM's
+// take a whole SM each. Here the pre-pass is one warp per SM that fits beside a GEMM block (registers: see
+// kResidentPrepassRegisters; shared memory: a ring of two 16 KB stages, and both kernels ask for the largest
+// shared-memory carveout), so the GEMM starts at once and each
+// of its tiles waits only until the line ranges of its own batch entry are complete (a counter per entry,
+// GemmArgs::prepass_items_done). The warps take the batch entries in order, and the GEMM's tiles come in the
+// same order, so after the first few entries the pre-pass runs ahead of the GEMM.
+//
+// A warp's unit of work (an item) is the ranges of 128 lines (rows of A or columns of B) over a band of
+// kResidentBandStages k-stages of 32, merged into the line ranges by atomics as in the grid form. Each stage
+// of an item comes by TMA with the GEMM's own maps and boxes (StageTile's layout), so the warp reads the same
+// 16 KB stage tiles that the GEMM does.
+#pragma once
+
+namespace wmmae_ops {
+namespace sm90 {
+
+// Registers per lane of the pre-pass warp. Each of an SM's four schedulers has its own quarter of the register
+// file (16 K) for its warps: two of a GEMM block's eight (kBesidePrepassGemmRegisters each) and, on one of
+// them, the pre-pass warp. (With 8 x 248 + 64, which fills the whole file exactly, no GEMM block ever joined a
+// pre-pass warp: H200, the two kernels ran one after the other.)
+constexpr int kResidentPrepassRegisters = 32;
+static_assert((kThreads / 32 / 4) * kBesidePrepassGemmRegisters + kResidentPrepassRegisters <= 16384 / 32,
+              "a scheduler's share of the register file holds two GEMM warps and the pre-pass warp");
+
+constexpr int kResidentLines = kBlockM;      // lines per item: one tile's rows or columns
+constexpr int kResidentBandStages = 4;       // k-stages per item (128 k, 64 KB)
+constexpr int kResidentSlots = 2;            // the warp's ring of stage tiles
+constexpr std::uint32_t kResidentStageBytes = sizeof(float) * kResidentLines * kBlockK;
+constexpr std::size_t kResidentSmemBytes = kResidentSlots * kResidentStageBytes + 1024 + kResidentSlots * 8;
+static_assert(kResidentLines == kBlockN, "an item covers one tile's rows of A or columns of B");
+
+struct ResidentPrepassArgs {
+  LinesArgs lines[2];            // A's rows, B's columns (where a band holds an Inf or NaN, read again)
+  int line_tiles[2];             // items of 128 lines per band and batch entry, per operand
+  int bands;                     // bands of kResidentBandStages stages along K
+  int items_per_batch;           // (line_tiles[0] + line_tiles[1]) * bands
+  int items;                     // items_per_batch * batch entries (32 bits: the host checks)
+  int* items_done;               // [num_batches]: items finished, released after their ranges are merged
+};
+
+// One warp per block (and per SM: the grid is at most the SM count). Element (line l, k c) of a stage tile
+// lies where StageTile puts it: for a k-inner operand (A row-major, B column-major) one box of 128 lines x
+// 32 k, for a line-inner one (A column-major, B row-major) four boxes of 32 k x 32 lines.
+template <bool kARowMajor, bool kBRowMajor>
+__global__ void __maxnreg__(kResidentPrepassRegisters)
+    resident_prepass_kernel(ResidentPrepassArgs args, const __grid_constant__ TmaMaps maps) {
+#ifdef WMMAE_SM90A_DEVICE
+  allow_dependent_grid();  // the GEMM's blocks may take the rest of each SM now
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;
+  const float* ring = reinterpret_cast<const float*>(smem);
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + kResidentSlots * kResidentStageBytes);
+  const int lane = threadIdx.x;
+  if (lane == 0) {
+    for (int s = 0; s < kResidentSlots; ++s) mbarrier_init(full + s, 1);
+    fence_mbarrier_init();
+  }
+  __syncwarp();
+
+  // (32-bit item arithmetic: with 32 registers, 64-bit state spilled and left one load in flight at a time.)
+  const int total = args.items;
+  const int k_stages = static_cast<int>((args.lines[0].length + kBlockK - 1) / kBlockK);
+  struct Item {
+    int z, line0, operand, stage0, stages;
+  };
+  auto item_at = [&](int i) {
+    Item it;
+    it.z = i / args.items_per_batch;
+    int r = i % args.items_per_batch;
+    it.operand = r < args.line_tiles[0] * args.bands ? 0 : 1;
+    if (it.operand == 1) r -= args.line_tiles[0] * args.bands;
+    it.line0 = r / args.bands * kResidentLines;
+    it.stage0 = static_cast<int>(r % args.bands) * kResidentBandStages;
+    it.stages = min(kResidentBandStages, k_stages - it.stage0);
+    return it;
+  };
+  // Stage s of item `it` into ring slot `slot` (lane 0): the GEMM's boxes of that stage.
+  auto issue = [&](const Item& it, int s, int slot) {
+    if (lane != 0) return;
+    const std::uint32_t bar = smem_address(full + slot);
+    const std::uint32_t dst = smem_address(ring) + slot * kResidentStageBytes;
+    const bool of_a = it.operand == 0;
+    const bool k_inner = of_a ? kARowMajor : !kBRowMajor;
+    const CUtensorMap* map = of_a ? &maps.a : &maps.b;
+    const int z = (of_a ? maps.a_batched : maps.b_batched) ? it.z : 0;
+    const int k0 = (it.stage0 + s) * kBlockK, line0 = it.line0;
+    mbarrier_arrive_expect_tx(bar, kResidentStageBytes);
+    if (k_inner) {
+      tma_load_3d(dst, map, bar, k0, line0, z);
+    } else {
+      for (int box = 0; box < kResidentLines / 32; ++box) {
+        tma_load_3d(dst + box * 32 * kBlockK * sizeof(float), map, bar, line0 + 32 * box, k0, z);
+      }
+    }
+  };
+
+  std::uint32_t t = 0;  // stages this warp has put through its ring
+  if (static_cast<int>(blockIdx.x) < total) issue(item_at(blockIdx.x), 0, 0);
+  for (int i = blockIdx.x; i < total; i += gridDim.x) {
+    const Item it = item_at(i);
+    const bool k_inner = it.operand == 0 ? kARowMajor : !kBRowMajor;
+    // This lane's four lines: lane + 32 j (k-inner: a line is a 128-byte row of the box) or 4 lane + j
+    // (line-inner: four lines are one 16-byte chunk of a k row).
+    MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
+                             MagnitudeKeys::none()};
+    for (int s = 0; s < it.stages; ++s, ++t) {
+      // The next stage (of this item or the next) into the other slot, which every lane finished reading
+      // at the end of the previous stage (__syncwarp below).
+      if (s + 1 < it.stages) {
+        issue(it, s + 1, (t + 1) % kResidentSlots);
+      } else if (i + static_cast<int>(gridDim.x) < total) {
+        issue(item_at(i + gridDim.x), 0, (t + 1) % kResidentSlots);
+      }
+      const int slot = t % kResidentSlots;
+      mbarrier_wait(full + slot, (t / kResidentSlots) & 1u);
+      const float* stage = ring + slot * (kResidentStageBytes / sizeof(float));
+      // Four 16-byte loads in flight at a time: 32 registers leave room for no more.
+      constexpr int kLoads = 4;
+      if (k_inner) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float* line = stage + (lane + 32 * j) * kBlockK;
+#pragma unroll
+          for (int q0 = 0; q0 < kBlockK / 4; q0 += kLoads) {
+            float4 v[kLoads];
+#pragma unroll
+            for (int q = 0; q < kLoads; ++q) {  // chunk q0 + q of the line, where the 128-byte swizzle put it
+              v[q] = *reinterpret_cast<const float4*>(line + (((q0 + q) ^ (lane % 8)) * 4));
+            }
+#pragma unroll
+            for (int q = 0; q < kLoads; ++q) {
+              keys[j].include(v[q].x);
+              keys[j].include(v[q].y);
+              keys[j].include(v[q].z);
+              keys[j].include(v[q].w);
+            }
+          }
+        }
+      } else {
+        const float* box = stage + (lane / 8) * 32 * kBlockK;
+#pragma unroll
+        for (int c0 = 0; c0 < kBlockK; c0 += kLoads) {
+          float4 v[kLoads];
+#pragma unroll
+          for (int c = 0; c < kLoads; ++c) {  // this lane's chunk of k row c0 + c, where the swizzle put it
+            v[c] = *reinterpret_cast<const float4*>(box + (c0 + c) * 32 + (((lane % 8) ^ ((c0 + c) % 8)) * 4));
+          }
+#pragma unroll
+          for (int c = 0; c < kLoads; ++c) {
+            keys[0].include(v[c].x);
+            keys[1].include(v[c].y);
+            keys[2].include(v[c].z);
+            keys[3].include(v[c].w);
+          }
+        }
+      }
+      __syncwarp();
+    }
+    const LinesArgs& lines = args.lines[it.operand];
+    const std::int64_t k_begin = static_cast<std::int64_t>(it.stage0) * kBlockK;
+    const std::int64_t k_end = min(lines.length, k_begin + static_cast<std::int64_t>(it.stages) * kBlockK);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t line = it.line0 + (k_inner ? lane + 32 * j : 4 * lane + j);  // (64-bit: the offsets)
+      if (line >= lines.lines) continue;
+      MagnitudeBits r = keys[j].bits();
+      if (!keys[j].exact()) {  // an Inf or NaN in this line's band: again, exactly, from global memory
+        r = MagnitudeBits::none();
+        include_strided(r, batch_base(lines, it.z) + line * lines.line_stride, k_begin * lines.elem_stride,
+                        k_end * lines.elem_stride, lines.elem_stride);
+      }
+      lines.out.merge(it.z * lines.lines + line, r.exponent_range());
+    }
+    __threadfence();
+    __syncwarp();  // every lane's merges come before the count (a release by lane 0)
+    if (lane == 0) {
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(args.items_done + it.z) : "memory");
+    }
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace wmmae_ops
