@@ -287,6 +287,33 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
     assert_matmul_within_dot_product_bound(out["c"], a, b, str(shape))
 
 
+@requires_cuda
+@pytest.mark.gpu
+def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
+    """A call with the pre-pass beside the GEMM replays from a CUDA graph with fresh inputs (the launch
+    order, the counts' memset and the GEMM's dependent launch are captured) and gives the eager bits."""
+    monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", "1")
+    a = random_tensor(gen, (6, 200, 300), "normal", "cuda")
+    b = random_tensor(gen, (6, 300, 136), "normal", "cuda")
+    with deterministic():  # (no split-K, which the resident pre-pass does not run beside)
+        if _has_sm90_gemm():
+            kernels = _launched_kernels(lambda: torch_wmmae.corrected_matmul(a, b))
+            assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels), kernels
+        torch_wmmae.corrected_matmul(a, b)  # warm-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = torch_wmmae.corrected_matmul(a, b)
+        for _ in range(3):
+            a.copy_(random_tensor(gen, a.shape, "normal", "cuda"))
+            b.copy_(random_tensor(gen, b.shape, "normal", "cuda"))
+            out.fill_(float("nan"))
+            graph.replay()
+            eager = torch_wmmae.corrected_matmul(a, b)
+            assert torch.equal(out, eager)
+            assert_matmul_within_dot_product_bound(out, a, b, "graph replay")
+
+
 READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
 
 
