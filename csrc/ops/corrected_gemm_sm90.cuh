@@ -194,8 +194,8 @@ struct TmaMaps {
 
 // Registers per thread of the kernel that runs beside the resident pre-pass (kBesidePrepass): few enough that
 // each scheduler's quarter of the register file has room for the pre-pass's warp (resident_prepass_sm90.cuh).
-// Only that instantiation: the cap costs the others time (H200: 4096^3 and 8192^3 GEMMs 2-3% slower at 248,
-// 64 x 512^3 6% at 240).
+// Only that instantiation: the cap costs time (H200: 4096^3 and 8192^3 calls about 2% slower at 248, the
+// 64 x 512^3 GEMM 6% at 240).
 constexpr int kBesidePrepassGemmRegisters = 240;
 
 // The GEMM's wait for the line ranges of batch entry z from the resident pre-pass: every item of the entry

@@ -29,9 +29,9 @@ void allow_dynamic_smem(std::size_t bytes) {
 }
 
 // Asks that SMs running `Kernel` take the largest shared-memory carveout (the rest of L1 stays cache). For
-// kernels whose blocks share SMs with another kernel's (the resident pre-pass beside the GEMM): the driver
-// otherwise sizes an SM's carveout for the first kernel's blocks, and the other's large blocks cannot join
-// them. Once per kernel and device.
+// kernels whose blocks share SMs with another kernel's (the resident pre-pass beside the GEMM): the carveout
+// is a per-SM setting, and one sized for a small kernel's blocks would leave no room for the other's large
+// ones. Once per kernel and device.
 template <auto Kernel>
 void prefer_max_shared_carveout() {
   static std::array<std::atomic<bool>, C10_COMPILE_TIME_MAX_GPUS> done{};

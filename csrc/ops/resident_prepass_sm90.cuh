@@ -5,10 +5,10 @@
 // The grid pre-pass must end before the GEMM's first tile starts: its blocks fill every SM, and the GEMM's
 // take a whole SM each. Here the pre-pass is one warp per SM that fits beside a GEMM block (registers: see
 // kResidentPrepassRegisters; shared memory: a ring of two 16 KB stages, and both kernels ask for the largest
-// shared-memory carveout), so the GEMM starts at once and each
-// of its tiles waits only until the line ranges of its own batch entry are complete (a counter per entry,
-// GemmArgs::prepass_items_done). The warps take the batch entries in order, and the GEMM's tiles come in the
-// same order, so after the first few entries the pre-pass runs ahead of the GEMM.
+// carveout), so the GEMM starts at once and each of its tiles waits only until the line ranges of its own
+// batch entry are complete (a counter per entry, GemmArgs::prepass_items_done). The warps take the batch
+// entries in order, and the GEMM's tiles come in the same order, so after the first few entries the
+// pre-pass runs ahead of the GEMM, or keeps pace (see resident_prepass_applies for where it is used).
 //
 // A warp's unit of work (an item) is the ranges of 128 lines (rows of A or columns of B) over a band of
 // kResidentBandStages k-stages of 32, merged into the line ranges by atomics as in the grid form. Each stage
