@@ -34,6 +34,9 @@
 #include "matmul_plan.hpp"
 
 namespace wmmae_ops {
+namespace sm90 {
+struct TmaMaps;  // corrected_gemm_sm90.cuh
+}  // namespace sm90
 namespace {
 
 using namespace nvcuda;
@@ -195,15 +198,24 @@ __device__ inline void include_strided(Fold& r, const float* p, std::int64_t fir
   for (; e < end; e += step) r.include(p[e]);
 }
 
+// The MagnitudeBits of the elements first, first + step, ... (< end) of p, whose keys were folded into `keys`:
+// the keys' where they saw no Inf or NaN, else those elements read again exactly.
+__device__ inline MagnitudeBits exact_magnitudes(const MagnitudeKeys& keys, const float* p, std::int64_t first,
+                                                 std::int64_t end, std::int64_t step) {
+  MagnitudeBits r = keys.bits();
+  if (!keys.exact()) {
+    r = MagnitudeBits::none();
+    include_strided(r, p, first, end, step);
+  }
+  return r;
+}
+
 // MagnitudeBits of those elements: by keys, read again exactly where they hold an Inf or NaN.
 __device__ inline MagnitudeBits strided_magnitudes(const float* p, std::int64_t first, std::int64_t end,
                                                    std::int64_t step) {
   MagnitudeKeys keys = MagnitudeKeys::none();
   include_strided(keys, p, first, end, step);
-  if (keys.exact()) return keys.bits();
-  MagnitudeBits r = MagnitudeBits::none();
-  include_strided(r, p, first, end, step);
-  return r;
+  return exact_magnitudes(keys, p, first, end, step);
 }
 
 __device__ inline MagnitudeBits warp_merge(MagnitudeBits r) {
@@ -284,12 +296,9 @@ __device__ void contiguous_line_ranges(const LinesArgs& args, const float* base,
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int g = 0; g < kLines; ++g) {
-    MagnitudeBits r = keys[g].bits();
-    if (!keys[g].exact() && g < lines_here) {  // an Inf or NaN among this lane's elements: again, exactly
-      r = MagnitudeBits::none();
-      include_strided(r, p + g * args.line_stride, first, end, 32);
-    }
-    r = warp_merge(r);
+    // (Lines past the last: their stand-in, the first line, whose result is not merged.)
+    const MagnitudeBits r =
+        warp_merge(exact_magnitudes(keys[g], p + (g < lines_here ? g : 0) * args.line_stride, first, end, 32));
     if (lane == g && g < lines_here) args.out.merge(z * args.lines + line0 + g, r.exponent_range());
   }
 }
@@ -1027,12 +1036,14 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 
 // Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
 // the pre-pass (before the fp16 GEMM) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
-// allow_dependent_grid).
+// allow_dependent_grid). tma_maps: A's and B's TMA maps where the resident pre-pass encoded them (the fp16
+// GEMM then reads by TMA), else null.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
   bool overlaps_previous;
   KernelChoice kernels;
+  const sm90::TmaMaps* tma_maps;
 };
 
 // Launches `Kernel` with `smem_bytes` of dynamic shared memory.
@@ -1121,11 +1132,10 @@ bool resident_prepass_applies(const GemmArgs& args, const GemmGrid& grid, const 
 
 // Launches the resident pre-pass of a and b into their line ranges, counting finished items in items_done
 // ([num_batches], zeroed), and points args at the counts. Returns false (nothing launched) where TMA cannot
-// read an operand in place.
+// read an operand in place; else `maps` holds A's and B's TMA maps, which the GEMM reads with too.
 template <bool kARowMajor, bool kBRowMajor>
 bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, int* items_done,
-                                     int sm_count, cudaStream_t stream) {
-  sm90::TmaMaps maps{};
+                                     int sm_count, cudaStream_t stream, sm90::TmaMaps& maps) {
   if (!tma_maps<kARowMajor, kBRowMajor>(args, &maps)) return false;
   sm90::ResidentPrepassArgs prepass{};
   prepass.lines[0] = a;
@@ -1152,11 +1162,11 @@ bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const L
 }
 
 bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, bool a_row, bool b_row,
-                             int* items_done, int sm_count, cudaStream_t stream) {
-  if (a_row && b_row) return launch_resident_prepass_variant<true, true>(args, a, b, items_done, sm_count, stream);
-  if (a_row) return launch_resident_prepass_variant<true, false>(args, a, b, items_done, sm_count, stream);
-  if (b_row) return launch_resident_prepass_variant<false, true>(args, a, b, items_done, sm_count, stream);
-  return launch_resident_prepass_variant<false, false>(args, a, b, items_done, sm_count, stream);
+                             int* items_done, int sm_count, cudaStream_t stream, sm90::TmaMaps& maps) {
+  if (a_row && b_row) return launch_resident_prepass_variant<true, true>(args, a, b, items_done, sm_count, stream, maps);
+  if (a_row) return launch_resident_prepass_variant<true, false>(args, a, b, items_done, sm_count, stream, maps);
+  if (b_row) return launch_resident_prepass_variant<false, true>(args, a, b, items_done, sm_count, stream, maps);
+  return launch_resident_prepass_variant<false, false>(args, a, b, items_done, sm_count, stream, maps);
 }
 
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
@@ -1184,6 +1194,10 @@ template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (M == Method::fp16 && launch.kernels.sm90) {
 #ifdef WMMAE_HAS_SM90A
+    if (launch.tma_maps != nullptr) {  // encoded for the resident pre-pass
+      launch_sm90<kARowMajor, kBRowMajor, true>(args, *launch.tma_maps, launch);
+      return;
+    }
     sm90::TmaMaps maps{};
     if (launch.kernels.sm90_tma && tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
       launch_sm90<kARowMajor, kBRowMajor, true>(args, maps, launch);
@@ -1199,14 +1213,14 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
-                 bool overlaps_previous, const KernelChoice& kernels) {
+                 bool overlaps_previous, const KernelChoice& kernels, const sm90::TmaMaps* tma_maps = nullptr) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
   const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
-                          stream, overlaps_previous, kernels};
+                          stream, overlaps_previous, kernels, M == Method::fp16 ? tma_maps : nullptr};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);
@@ -1278,6 +1292,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (zero_output && method == Method::tf32) C10_CUDA_CHECK(cudaMemsetAsync(args.c, 0, out.nbytes(), stream));
   at::Tensor ranges;
   bool prepass_launched = false;
+  sm90::TmaMaps resident_maps{};  // see launch_resident_prepass
+  const sm90::TmaMaps* gemm_maps = nullptr;
   if (method != Method::tf32) {
 #ifdef WMMAE_HAS_SM90A
     const bool resident = resident_prepass_applies(args, grid, kernels);
@@ -1302,7 +1318,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #ifdef WMMAE_HAS_SM90A
     if (resident) {
       prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 1, sm_count,
-                                                 stream);
+                                                 stream, resident_maps);
+      if (prepass_launched) gemm_maps = &resident_maps;
     }
 #endif
     if (!prepass_launched) {
@@ -1310,7 +1327,9 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
           launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
     }
   }
-  if (method != Method::tf32) launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels);
+  if (method != Method::tf32) {
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, gemm_maps);
+  }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
   // end, so that this costs no launch gap.
   if (method != Method::fp16) {

@@ -168,11 +168,12 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
     for (int j = 0; j < 4; ++j) {
       const std::int64_t line = it.line0 + (k_inner ? lane + 32 * j : 4 * lane + j);  // (64-bit: the offsets)
       if (line >= lines.lines) continue;
+      // An Inf or NaN in this line's band: read again, exactly, from global memory. (The line's address only
+      // in that branch: found before it, as exact_magnitudes' argument, it made this warp spill more.)
       MagnitudeBits r = keys[j].bits();
-      if (!keys[j].exact()) {  // an Inf or NaN in this line's band: again, exactly, from global memory
-        r = MagnitudeBits::none();
-        include_strided(r, batch_base(lines, it.z) + line * lines.line_stride, k_begin * lines.elem_stride,
-                        k_end * lines.elem_stride, lines.elem_stride);
+      if (!keys[j].exact()) {
+        r = exact_magnitudes(keys[j], batch_base(lines, it.z) + line * lines.line_stride, k_begin * lines.elem_stride,
+                             k_end * lines.elem_stride, lines.elem_stride);
       }
       lines.out.merge(it.z * lines.lines + line, r.exponent_range());
     }
