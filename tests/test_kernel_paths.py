@@ -202,11 +202,11 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
             assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 
-# The pre-pass beside the GEMM (resident_prepass_sm90.cuh), which batched calls can take where TMA reads both
-# operands (TORCH_WMMAE_RESIDENT_PREPASS=1 asks for it wherever it can run): (a as (shape, line stride,
+# The pre-pass beside the GEMM (resident_prepass_sm90.cuh), which batched calls take where TMA reads both
+# operands (TORCH_WMMAE_RESIDENT_PREPASS=0 turns it off): (a as (shape, line stride,
 # column-major), b likewise, magnitudes, whether it can run). Partial tiles
 # and stages (m, n not multiples of 128; K not a multiple of 32 or of the 128-wide bands), every layout
-# (k-inner and line-inner stage tiles), padded lines, a broadcast b, more items than SMs (each warp several,
+# (k-inner and line-inner stage tiles), padded lines, a broadcast b, more items than SMs (each block several,
 # across batch entries), magnitudes over 2^+-40 with an Inf and a NaN (the exact re-read of a band), and
 # where it must not run: a single matrix, and split-K (the grid pre-pass zeroes the output).
 RESIDENT_CASES = {
@@ -270,11 +270,12 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, resident", [((64, 512, 512, 512), True), ((8, 1024, 1024, 1024), True),
-                                             ((32, 256, 1024, 512), False), ((256, 128, 128, 128), False)],
-                         ids=["64x512^3", "8x1024^3", "32x256x1024x512", "256x128^3"])
+                                             ((32, 256, 1024, 512), True), ((256, 128, 128, 128), True),
+                                             ((16, 512, 512, 2048), False)],
+                         ids=["64x512^3", "8x1024^3", "32x256x1024x512", "256x128^3", "16x512x512x2048"])
 def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, resident):
-    """By default the pre-pass runs beside the GEMM where it keeps up with it (at most 9 KB of A and B per
-    tile and k-stage): the shapes measured faster that way take it, those measured slower do not."""
+    """By default the pre-pass runs beside the GEMM in batched calls that TMA reads (all measured faster that
+    way, or equal), but not where the GEMM reads its chunks' partial sums back (K > 1024, small outputs)."""
     if not _has_sm90_gemm():
         pytest.skip("the resident pre-pass runs on the wgmma kernel only")
     monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)

@@ -3,7 +3,7 @@
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
 //    output when K is split; one launch for all of it. In batched calls on H100/H200 it may instead run as
-//    one warp per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
+//    one block of four warps per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
 // 2. GEMM: 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are read in place (row- or
 //    column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline of fp32 tiles; a
 //    split pass scales each value by its row's / column's power of two and splits it into hi and residual
@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -1112,22 +1113,15 @@ bool sm90_read_back(const GemmArgs& args) {
 }
 
 // Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): batched calls where TMA reads both
-// operands, without split-K, stream-K or the chunk read-back, with overlapped launches, and where it keeps up
-// with the GEMM. Beside the GEMM it reads about 0.8 TB/s (H200), which is the GEMM's pace at about 8 KB of A
-// and B per tile and k-stage; where there is more, the GEMM waits for it. Per call, grid form -> resident (H200,
-// one build): 64 x 512^3 (8 KB) 214 -> 190 us, 64 x 512 x 512 x 256 (8 KB) 143 -> 128, 8 x 1024^3 (4 KB)
-// 173 -> 164, but 32 x 256 x 1024 x 512 (10 KB) 120 -> 127. TORCH_WMMAE_RESIDENT_PREPASS=0 / 1 turns it off /
-// on wherever it can run (the line ranges, and so the outputs, are the same).
-bool resident_prepass_applies(const GemmArgs& args, const GemmGrid& grid, const KernelChoice& kernels) {
-  if (!kernels.sm90 || !kernels.sm90_tma || !kernels.overlap_launches || args.num_batches < 2 ||
-      args.adds_into_output() || sm90_read_back(args) || env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0")) {
-    return false;
-  }
-  if (env_is("TORCH_WMMAE_RESIDENT_PREPASS", "1")) return true;
-  constexpr double kBytesPerTileStage = 9 * 1024;
-  const double operand_bytes = sizeof(float) * static_cast<double>(args.num_batches) * (args.m + args.n) * args.k;
-  const double tile_stages = static_cast<double>(grid.tiles) * args.num_batches * gemm_k_stages(args.k);
-  return operand_bytes <= kBytesPerTileStage * tile_stages;
+// operands, without split-K, stream-K or the chunk read-back, with overlapped launches. Per call against the
+// grid pre-pass (H200, same build, the four-warp pre-pass): 64 x 512^3 about 205 -> 189 us, 32 x 256 x 1024 x
+// 512 115 -> 107, 128 x 256^3 90 -> 74, 256 x 128^3 52 -> 43, 16 x 256 x 256 x 512 equal (31.5). (The one-warp
+// pre-pass of session 24 lost at 32 x 256 x 1024 x 512, 120 -> 127, so it ran only where A and B hold at most
+// 9 KB per tile and k-stage.) TORCH_WMMAE_RESIDENT_PREPASS=0 turns it off (the line ranges, and so the
+// outputs, are the same).
+bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels) {
+  return kernels.sm90 && kernels.sm90_tma && kernels.overlap_launches && args.num_batches >= 2 &&
+         !args.adds_into_output() && !sm90_read_back(args) && !env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0");
 }
 
 // Launches the resident pre-pass of a and b into their line ranges, counting finished items in items_done
@@ -1151,10 +1145,10 @@ bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const L
   prepass.items_per_batch = static_cast<int>(items_per_batch);
   prepass.items = static_cast<int>(items_per_batch * args.num_batches);
   prepass.items_done = items_done;
-  const unsigned blocks = static_cast<unsigned>(std::min(sm_count, prepass.items));  // one warp per SM
+  const unsigned blocks = static_cast<unsigned>(std::min(sm_count, prepass.items));  // one block per SM
   constexpr auto kernel = sm90::resident_prepass_kernel<kARowMajor, kBRowMajor>;
   prefer_max_shared_carveout<kernel>();  // (and the GEMM's beside it: see launch_sm90)
-  kernel<<<blocks, 32, sm90::kResidentSmemBytes, stream>>>(prepass, maps);
+  kernel<<<blocks, sm90::kResidentThreads, sm90::kResidentSmemBytes, stream>>>(prepass, maps);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   args.prepass_items_done = items_done;
   args.prepass_items_per_batch = prepass.items_per_batch;
@@ -1190,6 +1184,17 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
 }
 #endif
 
+// auto's tf32 GEMM nearly always finds that the fp16 GEMM left it no tile, and returns. Launched with a block
+// per tile, most of those blocks start only as the fp16 GEMM ends, and their starts and exits made every call
+// that much longer. So batched calls launch it with fewer batch slots, down to one wave of blocks
+// (blocks_per_sm per SM), whose blocks take the batch entries in turn (H200, 64 x 512^3: about 1.5 us less
+// per call).
+dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm) {
+  const std::int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const std::int64_t wave_slots = sms * std::max(1, blocks_per_sm) / (static_cast<std::int64_t>(grid.x) * grid.y);
+  return dim3(grid.x, grid.y, static_cast<unsigned>(std::clamp<std::int64_t>(wave_slots, 1, grid.z)));
+}
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (M == Method::fp16 && launch.kernels.sm90) {
@@ -1207,7 +1212,14 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 #endif
   } else {
     using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
-    launch_with_smem<corrected_gemm_kernel<M, kARowMajor, kBRowMajor>>(Cfg::kSmemBytes, launch, args);
+    constexpr auto kernel = corrected_gemm_kernel<M, kARowMajor, kBRowMajor>;
+    if (M == Method::tf32 && args.method == Method::automatic) {
+      GemmLaunch exit_launch = launch;
+      exit_launch.grid = tf32_exit_grid(launch.grid, blocks_per_sm<kernel>(kThreads, Cfg::kSmemBytes));
+      launch_with_smem<kernel>(Cfg::kSmemBytes, exit_launch, args);
+    } else {
+      launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args);
+    }
   }
 }
 
@@ -1296,7 +1308,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const sm90::TmaMaps* gemm_maps = nullptr;
   if (method != Method::tf32) {
 #ifdef WMMAE_HAS_SM90A
-    const bool resident = resident_prepass_applies(args, grid, kernels);
+    const bool resident = resident_prepass_applies(args, kernels);
 #else
     const bool resident = false;
 #endif

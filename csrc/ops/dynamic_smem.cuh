@@ -42,4 +42,19 @@ void prefer_max_shared_carveout() {
   set.store(true, std::memory_order_release);
 }
 
+// How many blocks of `Kernel` (`threads` threads, `bytes` of dynamic shared memory) an SM holds at once. Asked
+// once per kernel and device (a driver call): both must be the same at every call for one kernel.
+template <auto Kernel>
+int blocks_per_sm(int threads, std::size_t bytes) {
+  static std::array<std::atomic<int>, C10_COMPILE_TIME_MAX_GPUS> known{};  // per device, 0: not asked yet
+  std::atomic<int>& blocks = known[c10::cuda::current_device()];
+  int n = blocks.load(std::memory_order_acquire);
+  if (n > 0) return n;
+  allow_dynamic_smem<Kernel>(bytes);
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, bytes));
+  n = n > 0 ? n : 1;
+  blocks.store(n, std::memory_order_release);
+  return n;
+}
+
 }  // namespace wmmae_ops
