@@ -1185,10 +1185,11 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
 #endif
 
 // auto's tf32 GEMM nearly always finds that the fp16 GEMM left it no tile, and returns. Launched with a block
-// per tile, most of those blocks start only as the fp16 GEMM ends, and their starts and exits made every call
-// that much longer. So batched calls launch it with fewer batch slots, down to one wave of blocks
-// (blocks_per_sm per SM), whose blocks take the batch entries in turn (H200, 64 x 512^3: about 1.5 us less
-// per call).
+// per tile, most of those blocks start only as the fp16 GEMM ends (auto took 4-6 us more than fp16 per call at
+// 64 x 512^3, H200). So batched calls launch it with fewer batch slots, down to one wave of blocks
+// (blocks_per_sm per SM), whose blocks take the batch entries in turn. (H200, 64 x 512^3: its kernel's span
+// 24.0 -> 21.7 us; auto minus fp16 per call 1.8-2.6 us against 3.6-4.1 in one pair of runs, within noise in
+// another.)
 dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm) {
   const std::int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const std::int64_t wave_slots = sms * std::max(1, blocks_per_sm) / (static_cast<std::int64_t>(grid.x) * grid.y);
