@@ -240,8 +240,11 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
         a[1, 7, 100] = float("inf")
         b[2, 250, 9] = float("nan")
     outs, kernels = {}, {}
-    for resident in ("1", "0"):
-        monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", resident)
+    for resident in ("1", "0"):  # by default, and turned off
+        if resident == "1":
+            monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", "0")
         with deterministic(case != "split_k"):
             kernels[resident] = _launched_kernels(
                 lambda: outs.setdefault(resident, torch_wmmae.corrected_matmul(a, b, method=method)))
@@ -293,7 +296,7 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
 def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
     """A call with the pre-pass beside the GEMM replays from a CUDA graph with fresh inputs (the launch
     order, the counts' memset and the GEMM's dependent launch are captured) and gives the eager bits."""
-    monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", "1")
+    monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
     a = random_tensor(gen, (6, 200, 300), "normal", "cuda")
     b = random_tensor(gen, (6, 300, 136), "normal", "cuda")
     with deterministic():  # (no split-K, which the resident pre-pass does not run beside)
