@@ -153,6 +153,22 @@ __device__ __forceinline__ void wgmma_m64n128k16_overwrite(float (&d)[64], const
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
+// d = a * b for 64 of b's columns (a 16x64 fp16 slice in shared memory): d 64x64 fp32, 32 registers, earlier
+// values dead (see wgmma_m64n128k16_overwrite).
+template <bool kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_overwrite(float (&d)[32], const std::uint32_t (&a)[4],
+                                                          std::uint64_t b) {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"
+      : WMMAE_WGMMA_ACC8("=f", 0), WMMAE_WGMMA_ACC8("=f", 8), WMMAE_WGMMA_ACC8("=f", 16), WMMAE_WGMMA_ACC8("=f", 24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
+#endif
+}
 #undef WMMAE_WGMMA_M64N128K16_F16
 #undef WMMAE_WGMMA_ACC64
 #undef WMMAE_WGMMA_ACC8
@@ -488,7 +504,13 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
 
     // corr is written only by wgmma (a chunk's first correction product overwrites it): a register that an
     // in-flight wgmma group defines must not be written by ordinary code, or ptxas waits for the group.
-    float sum[64], corr[64], hh[64];
+    // kHalfHi: the hi*hi product of a k-step in two halves of 64 columns, each added as soon as it is done, so
+    // that hh needs 32 registers. For the row-major instantiation beside the pre-pass, which is held to
+    // kBesidePrepassGemmRegisters (H200, per call: 64 x 512^3 188.0 -> 184.5 us, 8 x 1024^3 162.5 -> 158.8,
+    // 64 x 512 x 512 x 256 125.6 -> 122.4; same bits). With A column-major it was slower (64 x 512^3 both
+    // column-major 180.2 -> 184.8, A column-major 182.7 -> 186.4), so not there.
+    constexpr bool kHalfHi = kBesidePrepass && kARowMajor && kBRowMajor;
+    float sum[64], corr[64], hh[kHalfHi ? 32 : 64];
 #pragma unroll
     for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
     const bool atomic_output = args.adds_into_output();  // split-K or stream-K
@@ -543,11 +565,13 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
         return;
       }
       const bool read_back = kReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
-      if (read_back) {
+      if constexpr (kReadBack && !kHalfHi) {
+        if (read_back) {
 #pragma unroll
-        for (int x = 0; x < 64; ++x) {
-          const int r = acc_row(x), j = acc_col(x);
-          hh[x] = row_in[r] && j < cols_in ? out_row[r][j] : 0.0f;
+          for (int x = 0; x < 64; ++x) {
+            const int r = acc_row(x), j = acc_col(x);
+            hh[x] = row_in[r] && j < cols_in ? out_row[r][j] : 0.0f;
+          }
         }
       }
 #pragma unroll
@@ -557,7 +581,8 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
           float* out = out_row[r] + j;
           const int shift = a_shift[r] + b_shift[j];
           if (read_back) {
-            add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x], out, shift, last_chunk);
+            add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x % (kHalfHi ? 32 : 64)], out, shift,
+                                                        last_chunk);
           } else {
             // With kReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
             add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, !kReadBack && atomic_output,
@@ -568,10 +593,10 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
       }
     };
     // The hi*hi product of one k-step, added to the fp32 sum outside the tensor core (round to nearest).
-    auto add_hi_products = [&]() {
+    auto add_hi_products = [&](int half = 0) {
       fence_registers(hh);
 #pragma unroll
-      for (int x = 0; x < 64; ++x) sum[x] += hh[x];
+      for (int x = 0; x < (kHalfHi ? 32 : 64); ++x) sum[32 * half + x] += hh[x];
       fence_registers(hh);
     };
     const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
@@ -628,31 +653,63 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
         };
         const bool split_first = warp >= 4;
         if (split_first) split_ahead();
-        wgmma_fence();
-        wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
-        wgmma_commit();
-        wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
-        wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
-        wgmma_commit();
-        if constexpr (kTma) {
-          if (kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+        if constexpr (kHalfHi) {
+          // Per k-step: hi*hi of columns 0-63, then lo*hi behind it; hi*hi of columns 64-127, then hi*lo
+          // behind it. Each wait leaves the correction product running while the half is added.
+          constexpr int kHalfNDesc = (kBlockN / 2 / 8) * kSbo >> 4;  // descriptor units of 64 columns
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const std::uint64_t b_step_hi = b_hi + step * kStepDesc, b_step_lo = b_lo + step * kStepDesc;
+            wgmma_fence();
+            wgmma_m64n64k16_overwrite<kBMnMajor>(hh, a_hi[step], b_step_hi);
+            wgmma_commit();
+            wgmma_m64n128k16<kBMnMajor>(corr, a_lo[step], b_step_hi, step == 1 || kt != chunk_begin);
+            wgmma_commit();
+            if (step == 0 && kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+            wgmma_wait<1>();  // this half's hi*hi, and everything before it, is done
+            add_hi_products(0);
+            wgmma_fence();
+            wgmma_m64n64k16_overwrite<kBMnMajor>(hh, a_hi[step], b_step_hi + kHalfNDesc);
+            wgmma_commit();
+            wgmma_m64n128k16<kBMnMajor>(corr, a_hi[step], b_step_lo, 1);
+            wgmma_commit();
+            if (step == 0) {  // (k-step 1's fragment: the products that read it last stage are done)
+              AFragment a_step1;
+              load_a(sa, 1, a_step1);
+              if (!split_first) split_ahead();
+              split_a(a_step1, a_hi[1], a_lo[1]);
+            }
+            wgmma_wait<1>();
+            add_hi_products(1);
+          }
+          split_buf = next_split_buf(split_buf);
+        } else {
+          wgmma_fence();
+          wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
+          wgmma_commit();
+          wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
+          wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
+          wgmma_commit();
+          if constexpr (kTma) {
+            if (kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+          }
+          wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
+          add_hi_products();
+          AFragment a_step1;
+          load_a(sa, 1, a_step1);
+          // While G2 runs and hh is free: the split has registers to have all its loads in flight at once.
+          if (!split_first) split_ahead();
+          split_a(a_step1, a_hi[1], a_lo[1]);
+          wgmma_fence();
+          wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc);
+          wgmma_commit();
+          wgmma_m64n128k16<kBMnMajor>(corr, a_lo[1], b_hi + kStepDesc, 1);
+          wgmma_m64n128k16<kBMnMajor>(corr, a_hi[1], b_lo + kStepDesc, 1);
+          wgmma_commit();
+          wgmma_wait<1>();  // G3 is done
+          add_hi_products();
+          split_buf = next_split_buf(split_buf);
         }
-        wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
-        add_hi_products();
-        AFragment a_step1;
-        load_a(sa, 1, a_step1);
-        // While G2 runs and hh is free: the split has registers to have all its loads in flight at once.
-        if (!split_first) split_ahead();
-        split_a(a_step1, a_hi[1], a_lo[1]);
-        wgmma_fence();
-        wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc);
-        wgmma_commit();
-        wgmma_m64n128k16<kBMnMajor>(corr, a_lo[1], b_hi + kStepDesc, 1);
-        wgmma_m64n128k16<kBMnMajor>(corr, a_hi[1], b_lo + kStepDesc, 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // G3 is done
-        add_hi_products();
-        split_buf = next_split_buf(split_buf);
       }
       wgmma_wait<0>();
       fence_registers(corr);
