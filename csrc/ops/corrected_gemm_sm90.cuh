@@ -11,9 +11,9 @@
 //   swizzle: 8x8 core matrices of 128 bytes; K-major, or MN-major for row-major B in TMA stages, which wgmma
 //   transposes), one stage ahead of the products: warpgroup 1 before its first products of a stage,
 //   warpgroup 0 after them.
-// - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma), added to the fp32 sum
-//   outside the tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction
-//   accumulator. All asynchronous, while the next stage of B is split; the last correction products of a
+// - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma; two of 64 columns each in
+//   the row-major instantiation beside the resident pre-pass, see kHalfHi), added to the fp32 sum outside the
+//   tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction accumulator. All asynchronous, while the next stage of B is split; the last correction products of a
 //   stage still run while the next stage starts (B's hi/lo tiles are triple-buffered for that).
 #pragma once
 
