@@ -13,8 +13,9 @@
 //   warpgroup 0 after them.
 // - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma; two of 64 columns each in
 //   the row-major instantiation beside the resident pre-pass, see kHalfHi), added to the fp32 sum outside the
-//   tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction accumulator. All asynchronous, while the next stage of B is split; the last correction products of a
-//   stage still run while the next stage starts (B's hi/lo tiles are triple-buffered for that).
+//   tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction accumulator. All
+//   asynchronous, while the next stage of B is split; the last correction products of a stage still run
+//   while the next stage starts (B's hi/lo tiles are triple-buffered for that).
 #pragma once
 
 #include <type_traits>
@@ -581,6 +582,7 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
           float* out = out_row[r] + j;
           const int shift = a_shift[r] + b_shift[j];
           if (read_back) {
+            // (kHalfHi never reads back: kBesidePrepass excludes kReadBack. The index only stays in bounds.)
             add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x % (kHalfHi ? 32 : 64)], out, shift,
                                                         last_chunk);
           } else {
