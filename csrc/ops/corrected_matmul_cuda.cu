@@ -1157,10 +1157,11 @@ bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const L
 
 bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, bool a_row, bool b_row,
                              int* items_done, int sm_count, cudaStream_t stream, sm90::TmaMaps& maps) {
-  if (a_row && b_row) return launch_resident_prepass_variant<true, true>(args, a, b, items_done, sm_count, stream, maps);
-  if (a_row) return launch_resident_prepass_variant<true, false>(args, a, b, items_done, sm_count, stream, maps);
-  if (b_row) return launch_resident_prepass_variant<false, true>(args, a, b, items_done, sm_count, stream, maps);
-  return launch_resident_prepass_variant<false, false>(args, a, b, items_done, sm_count, stream, maps);
+  const auto variant = a_row ? (b_row ? launch_resident_prepass_variant<true, true>
+                                      : launch_resident_prepass_variant<true, false>)
+                             : (b_row ? launch_resident_prepass_variant<false, true>
+                                      : launch_resident_prepass_variant<false, false>);
+  return variant(args, a, b, items_done, sm_count, stream, maps);
 }
 
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
