@@ -511,7 +511,8 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     // 64 x 512 x 512 x 256 125.6 -> 122.4; same bits). With A column-major it was slower (64 x 512^3 both
     // column-major 180.2 -> 184.8, A column-major 182.7 -> 186.4), so not there.
     constexpr bool kHalfHi = kBesidePrepass && kARowMajor && kBRowMajor;
-    float sum[64], corr[64], hh[kHalfHi ? 32 : 64];
+    constexpr int kHh = kHalfHi ? 32 : 64;  // hh's registers: the columns of one hi*hi product
+    float sum[64], corr[64], hh[kHh];
 #pragma unroll
     for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
     const bool atomic_output = args.adds_into_output();  // split-K or stream-K
@@ -583,8 +584,7 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
           const int shift = a_shift[r] + b_shift[j];
           if (read_back) {
             // (kHalfHi never reads back: kBesidePrepass excludes kReadBack. The index only stays in bounds.)
-            add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x % (kHalfHi ? 32 : 64)], out, shift,
-                                                        last_chunk);
+            add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x % kHh], out, shift, last_chunk);
           } else {
             // With kReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
             add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, !kReadBack && atomic_output,
@@ -598,7 +598,7 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     auto add_hi_products = [&](int half = 0) {
       fence_registers(hh);
 #pragma unroll
-      for (int x = 0; x < (kHalfHi ? 32 : 64); ++x) sum[32 * half + x] += hh[x];
+      for (int x = 0; x < kHh; ++x) sum[kHh * half + x] += hh[x];
       fence_registers(hh);
     };
     const int chunk_stages = accumulation_chunk(m, n) / kBlockK;
@@ -684,7 +684,6 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
             wgmma_wait<1>();
             add_hi_products(1);
           }
-          split_buf = next_split_buf(split_buf);
         } else {
           wgmma_fence();
           wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
@@ -710,8 +709,8 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
           wgmma_commit();
           wgmma_wait<1>();  // G3 is done
           add_hi_products();
-          split_buf = next_split_buf(split_buf);
         }
+        split_buf = next_split_buf(split_buf);
       }
       wgmma_wait<0>();
       fence_registers(corr);

@@ -1168,7 +1168,7 @@ template <bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
   if constexpr (kTma) {
-    if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose warps its blocks join
+    if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
       constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
       prefer_max_shared_carveout<kernel>();
       launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args, maps);
