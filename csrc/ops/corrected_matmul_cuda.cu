@@ -1037,13 +1037,14 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 
 // Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
 // the pre-pass (before the fp16 GEMM) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
-// allow_dependent_grid). tma_maps: A's and B's TMA maps where the resident pre-pass encoded them (the fp16
-// GEMM then reads by TMA), else null.
+// allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where the resident
+// pre-pass encoded them (the fp16 GEMM then reads by TMA), else null.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
   bool overlaps_previous;
   KernelChoice kernels;
+  int sm_count;
   const sm90::TmaMaps* tma_maps;
 };
 
@@ -1188,12 +1189,12 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
 // auto's tf32 GEMM nearly always finds that the fp16 GEMM left it no tile, and returns. Launched with a block
 // per tile, most of those blocks start only as the fp16 GEMM ends (auto took 4-6 us more than fp16 per call at
 // 64 x 512^3, H200). So batched calls launch it with fewer batch slots, down to one wave of blocks
-// (blocks_per_sm per SM), whose blocks take the batch entries in turn. (H200, 64 x 512^3: its kernel's span
-// 24.0 -> 21.7 us; auto minus fp16 per call 1.8-2.6 us against 3.6-4.1 in one pair of runs, within noise in
-// another.)
-dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm) {
-  const std::int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const std::int64_t wave_slots = sms * std::max(1, blocks_per_sm) / (static_cast<std::int64_t>(grid.x) * grid.y);
+// (blocks_per_sm per SM, at least 1), whose blocks take the batch entries in turn. (H200, 64 x 512^3: its
+// kernel's span 24.0 -> 21.7 us; auto minus fp16 per call 1.8-2.6 us against 3.6-4.1 in one pair of runs,
+// within noise in another.)
+dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
+  const std::int64_t wave_slots =
+      static_cast<std::int64_t>(sm_count) * blocks_per_sm / (static_cast<std::int64_t>(grid.x) * grid.y);
   return dim3(grid.x, grid.y, static_cast<unsigned>(std::clamp<std::int64_t>(wave_slots, 1, grid.z)));
 }
 
@@ -1217,7 +1218,8 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
     constexpr auto kernel = corrected_gemm_kernel<M, kARowMajor, kBRowMajor>;
     if (M == Method::tf32 && args.method == Method::automatic) {
       GemmLaunch exit_launch = launch;
-      exit_launch.grid = tf32_exit_grid(launch.grid, blocks_per_sm<kernel>(kThreads, Cfg::kSmemBytes));
+      exit_launch.grid =
+          tf32_exit_grid(launch.grid, blocks_per_sm<kernel>(kThreads, Cfg::kSmemBytes), launch.sm_count);
       launch_with_smem<kernel>(Cfg::kSmemBytes, exit_launch, args);
     } else {
       launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args);
@@ -1227,14 +1229,15 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
-                 bool overlaps_previous, const KernelChoice& kernels, const sm90::TmaMaps* tma_maps = nullptr) {
+                 bool overlaps_previous, const KernelChoice& kernels, int sm_count,
+                 const sm90::TmaMaps* tma_maps = nullptr) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
   const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
-                          stream, overlaps_previous, kernels, M == Method::fp16 ? tma_maps : nullptr};
+                          stream, overlaps_previous, kernels, sm_count, M == Method::fp16 ? tma_maps : nullptr};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);
@@ -1342,12 +1345,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     }
   }
   if (method != Method::tf32) {
-    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, gemm_maps);
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
   // end, so that this costs no launch gap.
   if (method != Method::fp16) {
-    launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic, kernels);
+    launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic, kernels, sm_count);
   }
   return out;
 }

@@ -42,8 +42,9 @@ void prefer_max_shared_carveout() {
   set.store(true, std::memory_order_release);
 }
 
-// How many blocks of `Kernel` (`threads` threads, `bytes` of dynamic shared memory) an SM holds at once. Asked
-// once per kernel and device (a driver call): both must be the same at every call for one kernel.
+// How many blocks of `Kernel` (`threads` threads, `bytes` of dynamic shared memory) an SM holds at once, at
+// least 1. Asked once per kernel and device (a driver call): both must be the same at every call for one
+// kernel.
 template <auto Kernel>
 int blocks_per_sm(int threads, std::size_t bytes) {
   static std::array<std::atomic<int>, C10_COMPILE_TIME_MAX_GPUS> known{};  // per device, 0: not asked yet
