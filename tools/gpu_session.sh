@@ -20,10 +20,8 @@ if has build; then
 
 fi
 if has sass; then
-  so=$(ls torch_wmmae/_C*.so)
-  { echo "HMMA / HGMMA (wgmma) instructions per kernel and local-memory use:";
-    cuobjdump -sass "$so" | awk '/Function :/{f=$3} /HMMA|HGMMA/{h[f]++} /LDL|STL/{l[f]++} END{for (k in h) print h[k], "HMMA/HGMMA", l[k]+0, "LDL/STL", k}'; } > "$OUT/sass.txt" 2>&1
-  cut -c1-160 "$OUT/sass.txt" | head -20
+  python3 tools/sass_report.py --out "$OUT/sass.md" > /dev/null 2> "$OUT/sass.err" || { status=1; tail -5 "$OUT/sass.err"; }
+  grep -E "sm90_kernel|corrected_gemm_kernel" "$OUT/sass.md" | cut -c1-160 | head -30
 fi
 if has test; then
   python3 -m pytest -q -rs tests > "$OUT/pytest.log" 2>&1 || status=1

@@ -1,0 +1,143 @@
+"""tools/sass_report.py: its reading of cuobjdump's listings on a made-up kernel, and, where the extension was
+built with its sm_90a kernels and the CUDA toolkit is here, what NOTES and README say of the real SASS: the
+wgmma GEMM's stage loop keeps everything in registers (no local memory) wherever its stages come by TMA and it
+has the whole register file (no GPU needed: it reads the binary)."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+
+import sass_report  # noqa: E402
+
+# Two kernels, in the listing format of `cuobjdump -sass` (an address comment, the instruction, an encoding
+# comment): `gemm` has an outer loop (0x0010-0x00b0) around an inner one with the tensor-core instructions
+# (0x0030-0x0080), one spill load inside that and a spill store outside it; `copy` has a loop without any.
+SASS = """
+Fatbin elf code:
+================
+arch = sm_90a
+
+\tcode for sm_90a
+\t\tFunction : _Z4gemmv
+\t.headerflags\t@"EF_CUDA_SM90"
+        /*0000*/                   STL [R1], R2 ;                 /* 0x0000000201007387 */
+        /*0010*/                   MOV R3, RZ ;                   /* 0x000000ff00037202 */
+        /*0020*/                   IADD3 R4, R4, 0x1, RZ ;        /* 0x0000000104047810 */
+        /*0030*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ ;  /* 0x00000000041879f0 */
+        /*0040*/                   LDL R5, [R1] ;                 /* 0x0000000001057983 */
+        /*0050*/                   FADD R6, R6, R7 ;              /* 0x0000000706067221 */
+        /*0060*/                   ISETP.NE.AND P0, PT, R4, 0x10, PT ;  /* 0x000000100400780c */
+        /*0070*/                   HGMMA.64x128x16.F32 R24, gdesc[UR8], R24 ;  /* 0x00000000081879f0 */
+        /*0080*/               @P0 BRA 0x30 ;                     /* 0xfffffffc00000947 */
+        /*0090*/                   ISETP.NE.AND P1, PT, R3, 0x4, PT ;  /* 0x000000040300780c */
+        /*00a0*/                   STG.E [R8.64], R6 ;            /* 0x0000000608007986 */
+        /*00b0*/               @P1 BRA 0x10 ;                     /* 0xfffffff400001947 */
+        /*00c0*/                   EXIT ;                         /* 0x000000000000794d */
+        /*00d0*/                   BRA 0xd0;                      /* 0xfffffffc00007947 */
+\t\tFunction : _Z4copyv
+\t.headerflags\t@"EF_CUDA_SM90"
+        /*0000*/                   LDG.E R2, [R4.64] ;            /* 0x0000000404027981 */
+        /*0010*/                   STG.E [R6.64], R2 ;            /* 0x0000000206007986 */
+        /*0020*/               @P0 BRA 0x0 ;                      /* 0xfffffffc00000947 */
+        /*0030*/                   EXIT ;                         /* 0x000000000000794d */
+"""
+RES_USAGE = """
+Fatbin elf code:
+================
+arch = sm_90a
+
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _Z4gemmv:
+  REG:255 STACK:8 SHARED:0 LOCAL:0 CONSTANT[0]:528 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _Z4copyv:
+  REG:16 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:528 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_reads_made_up_listing():
+    sass = sass_report.parse_sass(SASS)
+    assert sorted(sass) == [("sm_90a", "_Z4copyv"), ("sm_90a", "_Z4gemmv")]
+    assert [a for a, _ in sass[("sm_90a", "_Z4gemmv")]] == list(range(0, 0xE0, 0x10))
+    rows = {r["kernel"]: r for r in sass_report.summarize(sass, sass_report.parse_res_usage(RES_USAGE))}
+    gemm, copy = rows["gemm"], rows["copy"]
+    # The inner loop, not the outer one that also holds the HGMMAs, nor the EXIT's self-branch after them.
+    assert (gemm["loop"], gemm["loop_local"]) == (6, 1)
+    assert (gemm["registers"], gemm["stack_bytes"], gemm["tensor_core"], gemm["local"]) == (255, 8, 2, 2)
+    assert gemm["instructions"] == 14 and gemm["arch"] == "sm_90a"
+    assert (copy["loop"], copy["loop_local"], copy["tensor_core"], copy["registers"]) == (None, None, 0, 16)
+    table = sass_report.markdown(list(rows.values()), "# header")
+    assert "| `gemm` | sm_90a | 255 | 8 | 14 | 2 | 2 | 6 | 1 |" in table
+    assert "| `copy` | sm_90a | 16 | 0 | 4 | 0 | 0 | - | - |" in table
+
+
+def test_opcode_ignores_predicates_and_matches_whole_mnemonics():
+    assert sass_report.opcode("@!P0 LDL.64 R2, [R1+0x8]") == "LDL.64"
+    assert sass_report._is("@P1 LDL.64 R2, [R1]", sass_report.LOCAL_OPS)
+    assert not sass_report._is("LDLK R2, [R1]", sass_report.LOCAL_OPS)  # (no such op; a prefix is not a match)
+    assert sass_report._is("HMMA.16816.F32 R4, R8, R12, R4", sass_report.TENSOR_CORE_OPS)
+
+
+def test_short_name():
+    assert sass_report.short_name(
+        "wmmae_ops::sm90::corrected_gemm_sm90_kernel<true, false, true, false, true>"
+        "(wmmae_ops::(anonymous namespace)::GemmArgs, wmmae_ops::sm90::TmaMaps)"
+    ) == "corrected_gemm_sm90_kernel<true, false, true, false, true>"
+    assert sass_report.short_name(
+        "wmmae_ops::outer::batched_outer_kernel<__half, float, false>(wmmae_ops::outer::Args)"
+    ) == "batched_outer_kernel<__half, float, false>"
+
+
+def _cuobjdump():
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    found = shutil.which("cuobjdump")
+    if found is None and CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "cuobjdump")):
+        found = os.path.join(CUDA_HOME, "bin", "cuobjdump")
+    return found
+
+
+def _extension_rows():
+    import torch_wmmae
+
+    binaries = glob.glob(os.path.join(os.path.dirname(torch_wmmae.__file__), "_C*.so"))
+    tool = _cuobjdump()
+    if not binaries or tool is None or not torch_wmmae.has_cuda_kernels():
+        pytest.skip("needs the extension built with CUDA kernels and cuobjdump")
+
+    def run(flag):
+        return subprocess.run([tool, flag, binaries[0]], capture_output=True, text=True, check=True).stdout
+
+    rows = sass_report.summarize(sass_report.parse_sass(run("-sass")), sass_report.parse_res_usage(run("-res-usage")))
+    if not any(r["arch"] == "sm_90a" for r in rows):
+        pytest.skip("the extension has no sm_90a code (built for other GPUs)")
+    return rows
+
+
+WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), (true|false), (true|false)>")
+
+
+def test_wgmma_stage_loops_with_tma_stages_do_not_spill():
+    """The wgmma GEMM with TMA stages (the kernel of every aligned call) and the whole register file: its
+    stage loop has no local-memory access in any layout, with and without read-back chunks. (The
+    instantiations beside the resident pre-pass are held to 240 registers, and the cp.async ones spend registers on
+    their copies' addresses: sass.md lists what they keep in local memory.)"""
+    rows = [r for r in _extension_rows() if r["arch"] == "sm_90a"]
+    checked = 0
+    for r in rows:
+        m = WGMMA_KERNEL.fullmatch(r["kernel"])
+        if not m or m.group(3) != "true" or m.group(5) != "false":
+            continue
+        checked += 1
+        assert r["tensor_core"] >= 6 and r["loop"] is not None, r
+        assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
+    assert checked == 8  # A and B row- or column-major, with and without read-back
