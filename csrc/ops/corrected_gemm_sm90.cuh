@@ -182,6 +182,16 @@ struct OutputTile {
   bool direct;      // the flush's fast path applies (see flush)
 };
 
+// What the cp.async stages (not kTma) need of the current piece to copy its stages, kept in shared memory for
+// the same reason: in registers, the piece's operand pointers, origin and k range stayed live across the stage
+// loop and ptxas spilled them (and others) into local memory inside it.
+struct CopyPiece {
+  const float* a;  // this batch entry's A and B
+  const float* b;
+  std::int64_t m0, n0, k_begin, k_end;
+  bool a_vec4, b_vec4;  // 16-byte copies possible (vec4_operand)
+};
+
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
@@ -192,7 +202,8 @@ struct Config {
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
   static constexpr std::size_t kOutputTileOffset =
       kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
-  static constexpr std::size_t kWorkOffset = (kOutputTileOffset + sizeof(OutputTile) + 7) / 8 * 8;
+  static constexpr std::size_t kCopyPieceOffset = (kOutputTileOffset + sizeof(OutputTile) + 7) / 8 * 8;
+  static constexpr std::size_t kWorkOffset = kCopyPieceOffset + (kTma ? 0 : sizeof(CopyPiece));
   static constexpr std::size_t kBarrierOffset = kWorkOffset + sizeof(TileWork);
   static constexpr std::size_t kSmemBytes = kBarrierOffset + (kTma ? kStages * sizeof(std::uint64_t) + 1024 : 0);
   static_assert(kStageBytes % 1024 == 0 || !kTma, "TMA boxes stay 1024-byte aligned");
@@ -269,6 +280,7 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
   auto stage_b_of = [&](int kt) { return stage_b + slot_of(kt) * B::kFloats; };
   std::uint64_t* stage_full = reinterpret_cast<std::uint64_t*>(smem + Cfg::kBarrierOffset);  // TMA only
   OutputTile* out_tile = reinterpret_cast<OutputTile*>(smem + Cfg::kOutputTileOffset);
+  CopyPiece* copy_piece = reinterpret_cast<CopyPiece*>(smem + Cfg::kCopyPieceOffset);  // cp.async stages only
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) mbarrier_init(stage_full + s, kTmaBoxes);
@@ -336,12 +348,18 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     ring_start = __shfl_sync(0xffffffffu, ring_start, 0);  // (the same in every lane: see warp)
     std::int64_t m0, n0;
     tile_origin(m, n, piece.tile, m0, n0);
-    std::int64_t a_off, b_off;
-    batch_offsets(args.batch, z, a_off, b_off);
-    const float* a = args.a + a_off;
-    const float* b = args.b + b_off;
     const std::int64_t k_begin = piece.stage_begin * kBlockK;
     const std::int64_t k_end = min(k, piece.stage_end * kBlockK);
+    if constexpr (!kTma) {
+      if (threadIdx.x == 0) {  // read after load_line_scales' barriers
+        std::int64_t a_off, b_off;
+        batch_offsets(args.batch, z, a_off, b_off);
+        const float* a = args.a + a_off;
+        const float* b = args.b + b_off;
+        *copy_piece = CopyPiece{a, b, m0, n0, k_begin, k_end, vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks),
+                                vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs)};
+      }
+    }
 
     // TMA: this warp's box of each stage (see kTmaBoxes), fixed for the piece but for the stage's k and ring
     // slot. Its map's (inner, outer) coordinates: A as (k, m) row-major, (m, k) column-major; B as (n, k) /
@@ -413,12 +431,11 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
       b_scale[1] = scales.b_scale[b_split_col(1)];
     }
 
-    const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
-    const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
-    auto issue_stage = [&](int kt) {
+    auto issue_stage = [&](int kt) {  // (cp.async stages)
+      const CopyPiece p = *copy_piece;
+      const std::int64_t k0 = p.k_begin + static_cast<std::int64_t>(kt) * kBlockK;
       issue_operand_stage<kARowMajor, kBRowMajor, kBlockK, A::kLd, B::kLd>(
-          stage_a_of(kt), stage_b_of(kt), a, b, args, m0, n0, k_begin + static_cast<std::int64_t>(kt) * kBlockK,
-          k_end, a_vec4, b_vec4);
+          stage_a_of(kt), stage_b_of(kt), p.a, p.b, args, p.m0, p.n0, k0, p.k_end, p.a_vec4, p.b_vec4);
     };
     // Splits B's fp32 stage kt into hi/lo buffer `buf`.
     auto split_b = [&](int kt, int buf) {
