@@ -202,6 +202,52 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
             assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 
+
+TF32_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_tf32_method_on_the_wgmma_kernel(gen, monkeypatch, a_col, b_col):
+    """On H100/H200 the tf32 method (and auto's tiles that are not fp16-safe) runs the wgmma kernel with tf32
+    products: with TMA or cp.async stages (the same bits), in every layout, on partial tiles with K = 1000 (not
+    a multiple of 32), within the dot-product bound; the portable WMMA kernel too. Auto with a row of A whose
+    exponents span 2^60 sends that row's tiles to it, and only those: the other tiles keep the fp16 bits."""
+    if not _has_sm90_gemm():
+        pytest.skip("needs the sm_90a GEMM kernels (H100/H200)")
+    a = random_tensor_in_layout((200, 1000), a_col, gen, "cuda")
+    b = random_tensor_in_layout((1000, 152), b_col, gen, "cuda")  # (rows of 608 bytes: TMA reads them)
+    outs, kernels = {}, {}
+    for name, env in (("tma", {"TORCH_WMMAE_SM90_TMA": "1"}), ("cp_async", {"TORCH_WMMAE_SM90_TMA": "0"}),
+                      ("portable", {"TORCH_WMMAE_PORTABLE_GEMM": "1"})):
+        for key in ("TORCH_WMMAE_SM90_TMA", "TORCH_WMMAE_PORTABLE_GEMM"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        with deterministic():  # no split-K: one order of the sums
+            kernels[name] = _launched_kernels(
+                lambda: outs.setdefault(name, torch_wmmae.corrected_matmul(a, b, method="tf32")))
+        assert_matmul_within_dot_product_bound(outs[name], a, b, name)
+    assert torch.equal(outs["tma"], outs["cp_async"])
+    tf32_tma = [TF32_KERNEL.search(k) for k in kernels["tma"] if TF32_KERNEL.search(k)]
+    assert [m.group(3) for m in tf32_tma] == ["true"], kernels["tma"]
+    assert [m.group(1, 2) for m in tf32_tma] == [(str(not a_col).lower(), str(not b_col).lower())]
+    assert any(TF32_KERNEL.search(k) and "false>" in k for k in kernels["cp_async"]), kernels["cp_async"]
+    assert not any(TF32_KERNEL.search(k) for k in kernels["portable"]), kernels["portable"]
+
+    for key in ("TORCH_WMMAE_SM90_TMA", "TORCH_WMMAE_PORTABLE_GEMM"):
+        monkeypatch.delenv(key, raising=False)
+    wide = a.clone()
+    wide[3, 7] *= 2.0**60  # row 3's exponents now span about 2^60: its tiles (the first row of tiles) go to tf32
+    with deterministic():
+        ran = _launched_kernels(lambda: outs.setdefault("auto", torch_wmmae.corrected_matmul(wide, b)))
+        fp16 = torch_wmmae.corrected_matmul(wide, b, method="fp16")
+    assert any(TF32_KERNEL.search(k) for k in ran), ran
+    assert_matmul_within_dot_product_bound(outs["auto"], wide, b, "auto")
+    assert torch.equal(outs["auto"][128:], fp16[128:])  # the second row of tiles is fp16-safe
+
 # The pre-pass beside the GEMM (resident_prepass_sm90.cuh), which batched calls take where TMA reads both
 # operands (TORCH_WMMAE_RESIDENT_PREPASS=0 turns it off): (a as (shape, line stride,
 # column-major), b likewise, magnitudes, whether it can run). Partial tiles

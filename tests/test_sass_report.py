@@ -124,19 +124,26 @@ def _extension_rows():
 
 
 WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), (true|false), (true|false)>")
+TF32_WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
 
 
 def test_wgmma_stage_loops_do_not_spill():
-    """The wgmma GEMM with the whole register file (every instantiation but those beside the resident
-    pre-pass, which are held to 240 registers): its stage loop has no local-memory access, with TMA or cp.async
-    stages, in any layout, with and without read-back chunks. (sass.md lists the others.)"""
+    """The wgmma GEMM with the whole register file (every fp16 instantiation but those beside the resident
+    pre-pass, which are held to 240 registers, and every tf32 one): its stage loop has no local-memory access,
+    with TMA or cp.async stages, in any layout, with and without read-back chunks. (sass.md lists the others.)"""
     rows = [r for r in _extension_rows() if r["arch"] == "sm_90a"]
-    checked = 0
+    checked = {"fp16": 0, "tf32": 0}
     for r in rows:
-        m = WGMMA_KERNEL.fullmatch(r["kernel"])
-        if not m or m.group(5) != "false":
+        fp16 = WGMMA_KERNEL.fullmatch(r["kernel"])
+        if fp16 and fp16.group(5) == "false":
+            checked["fp16"] += 1
+            assert r["tensor_core"] >= 6, r
+        elif TF32_WGMMA_KERNEL.fullmatch(r["kernel"]):
+            checked["tf32"] += 1
+            assert r["tensor_core"] >= 12, r  # four k-steps of three products per stage
+        else:
             continue
-        checked += 1
-        assert r["tensor_core"] >= 6 and r["loop"] is not None, r
+        assert r["loop"] is not None, r
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
-    assert checked == 16  # A and B row- or column-major, TMA or cp.async stages, with and without read-back
+    # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back; tf32: no read-back
+    assert checked == {"fp16": 16, "tf32": 8}

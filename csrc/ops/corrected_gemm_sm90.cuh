@@ -16,6 +16,10 @@
 //   tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction accumulator. All
 //   asynchronous, while the next stage of B is split; the last correction products of a stage still run
 //   while the next stage starts (B's hi/lo tiles are triple-buffered for that).
+// - The tf32 method (corrected_gemm_sm90_tf32_kernel; also auto's tiles that are not fp16-safe): the same
+//   kernel with tf32 hi and residual (no scaling: tf32 has float32's exponent range), k-steps of 8 (four per
+//   stage), B's hi/lo tiles K-major with 4-byte elements and double-buffered, so each stage's products end
+//   before the next stage's barrier.
 #pragma once
 
 #include <type_traits>
@@ -71,6 +75,21 @@ constexpr int kSbo = kCoreBytes;
 constexpr int kLbo = kBlockN / 8 * kCoreBytes;
 constexpr int kSplitTileBytes = kBlockK / 8 * kLbo;
 constexpr int kSplitBuffers = 3;  // B's hi/lo tiles: written one stage ahead, read until a stage later
+
+// The tf32 method's hi/lo tiles of B: 4-byte elements, so a core matrix (still 8 rows of 16 bytes, kLbo and
+// kSbo as above) holds 4 k, always K-major (wgmma transposes no tf32 operand). Two buffers, not three: six
+// would not fit beside four fp32 stages, so each stage's products are complete before the next stage's
+// barrier (see the tf32 stage loop).
+constexpr int kTf32SplitTileBytes = kBlockK / 4 * kLbo;
+constexpr int kTf32SplitBuffers = 2;
+template <Method kM>
+constexpr int split_tile_bytes() { return kM == Method::tf32 ? kTf32SplitTileBytes : kSplitTileBytes; }
+template <Method kM>
+constexpr int split_buffers() { return kM == Method::tf32 ? kTf32SplitBuffers : kSplitBuffers; }
+// Byte offset of element (n, k) in a tf32 hi/lo tile.
+__device__ __forceinline__ int tf32_split_offset(int n, int k) {
+  return k / 4 * kLbo + n / 8 * kSbo + n % 8 * 16 + k % 4 * 4;
+}
 
 template <bool kMnMajor>
 __device__ __forceinline__ int split_offset(int n, int k) {
@@ -170,6 +189,33 @@ __device__ __forceinline__ void wgmma_m64n64k16_overwrite(float (&d)[32], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
+// The tf32 products: d (+)= a * b with a a 64x8 tf32 fragment in registers (4 x 32 bits per thread: rows
+// 16 w + lane / 4 and 8 below, k lane % 4 and 4 further), b 8x128 tf32 in shared memory (K-major descriptor).
+#define WMMAE_WGMMA_M64N128K8_TF32                                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                                      \
+  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"                                         \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                 \
+  "}, {%64, %65, %66, %67}, %69, p, 1, 1;\n}\n"
+__device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b,
+                                                     int accumulate) {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile(WMMAE_WGMMA_M64N128K8_TF32
+               : WMMAE_WGMMA_ACC64("+f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b));
+#endif
+}
+__device__ __forceinline__ void wgmma_m64n128k8_tf32_overwrite(float (&d)[64], const std::uint32_t (&a)[4],
+                                                               std::uint64_t b) {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile(WMMAE_WGMMA_M64N128K8_TF32
+               : WMMAE_WGMMA_ACC64("=f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b));
+#endif
+}
+#undef WMMAE_WGMMA_M64N128K8_TF32
 #undef WMMAE_WGMMA_M64N128K16_F16
 #undef WMMAE_WGMMA_ACC64
 #undef WMMAE_WGMMA_ACC8
@@ -192,7 +238,7 @@ struct CopyPiece {
   bool a_vec4, b_vec4;  // 16-byte copies possible (vec4_operand)
 };
 
-template <bool kARowMajor, bool kBRowMajor, bool kTma>
+template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
   using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
@@ -201,7 +247,7 @@ struct Config {
   // 1024-byte aligned boxes: the kernel aligns the base.
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (A::kFloats + B::kFloats);
   static constexpr std::size_t kOutputTileOffset =
-      kStageBytes + kSplitBuffers * 2 * kSplitTileBytes + LineScales::kBytes;
+      kStageBytes + split_buffers<kM>() * 2 * split_tile_bytes<kM>() + LineScales::kBytes;
   static constexpr std::size_t kCopyPieceOffset = (kOutputTileOffset + sizeof(OutputTile) + 7) / 8 * 8;
   static constexpr std::size_t kWorkOffset = kCopyPieceOffset + (kTma ? 0 : sizeof(CopyPiece));
   static constexpr std::size_t kBarrierOffset = kWorkOffset + sizeof(TileWork);
@@ -241,17 +287,27 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // when they have landed) instead of cp.async by every thread; see StageTile for their layout. kReadBack: the
 // chunk flush reads the earlier chunks' partial sums back in one batch (see sm90_read_back for where).
 // kBesidePrepass: the blocks share their SMs with the resident pre-pass and wait for their batch entry's line
-// ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid.
-template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
-__global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
-    corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
+// ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid. kM: the fp16 method, or the tf32
+// method (corrected_gemm_sm90_tf32_kernel: tf32 hi and residual, k-steps of 8, no scaling; the method's
+// tiles of "auto" too, after the fp16 GEMM).
+template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
+__device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps) {
   static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
+  static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
 #ifdef WMMAE_SM90A_DEVICE
-  allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads what it writes
+  constexpr bool kTf32 = kM == Method::tf32;
+  if constexpr (kTf32) {
+    if (args.method == Method::automatic) {  // auto's tiles that are not fp16-safe: launched after the fp16 GEMM
+      wait_for_prior_grid();                 // (which let it start early) for its tf32_tiles_pending
+      if (*args.tf32_tiles_pending == 0) return;
+    }
+  } else {
+    allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads what it writes
+  }
   // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
-  // stages the K-major split measured faster (MN-major 4-8% slower).
-  constexpr bool kBMnMajor = kBRowMajor && kTma;
-  using Cfg = Config<kARowMajor, kBRowMajor, kTma>;
+  // stages the K-major split measured faster (MN-major 4-8% slower). tf32 tiles are K-major.
+  constexpr bool kBMnMajor = kBRowMajor && kTma && !kTf32;
+  using Cfg = Config<kARowMajor, kBRowMajor, kTma, kM>;
   using A = typename Cfg::A;
   using B = typename Cfg::B;
   // TMA: one ring slot's A tile and its B tile have the same size, so a box's address is its slot-0 address
@@ -289,8 +345,9 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     __syncthreads();
   }
   unsigned char* split_base = smem + Cfg::kStageBytes;  // [buffer][hi, lo]
-  auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitTileBytes; };
-  const LineScales scales(split_base + 2 * kSplitBuffers * kSplitTileBytes);
+  constexpr int kSplitBytes = split_tile_bytes<kM>(), kBuffers = split_buffers<kM>();
+  auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitBytes; };
+  const LineScales scales(split_base + 2 * kBuffers * kSplitBytes);
   // The descriptor of hi/lo tile (0, hi); the others are kSplitTileBytes apart, and a descriptor's address
   // field (16-byte units, 14 bits: all of shared memory) is linear in the address, so theirs are this plus
   // their offset / 16.
@@ -341,6 +398,26 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
   }
   const int split_off = kBMnMajor ? split_offset<true>(b_mn_col, b_mn_row)
                                   : split_offset<false>(b_split_col(0), b_split_k(0));
+  // The same for tf32 (the arrays above are then unused, and these in the fp16 kernel). A's fragment of
+  // k-step s (8 k): elements (row0 + 8 i, quad + 4 h + 8 s), at a_tf32_off[2 s + h] (row-major, + 8 rows by
+  // StageTile::shift) or a_tf32_off[2 h + i] (column-major, + 8 s lines by StageTile::shift). B's split: warp w
+  // converts columns 16 w .. 16 w + 15, lane = 16 kg + c column 16 w + c at the k groups (4 k) kg + 2 j, j < 4,
+  // reading them from (k, n) at b_tf32_off[e] + 8 j lines (row-major: rows 4 kg + e; four loads, which the
+  // swizzle keeps in 32 banks) or from b_tf32_off[j] (column-major: one 16-byte load), and writing each group
+  // as one 16-byte row of a core matrix at tf32_split_off + j * 2 kLbo.
+  const int tf32_n = 16 * warp + lane % 16, tf32_kg = lane / 16;
+  int a_tf32_off[8], b_tf32_off[4];
+#pragma unroll
+  for (int x = 0; x < 8; ++x) {
+    a_tf32_off[x] = sizeof(float) * (kARowMajor ? A::offset(row0, quad + 4 * (x % 2) + 8 * (x / 2))
+                                                : A::offset(quad + 4 * (x / 2 % 2), row0 + 8 * (x % 2)));
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    b_tf32_off[j] = sizeof(float) * (kBRowMajor ? B::offset(4 * tf32_kg + j, tf32_n)
+                                                : B::offset(tf32_n, 4 * (tf32_kg + 2 * j)));
+  }
+  const int tf32_split_off = tf32_split_offset(tf32_n, 4 * tf32_kg);
 
   BlockWork work(reinterpret_cast<TileWork*>(smem + Cfg::kWorkOffset));
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
@@ -404,9 +481,10 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     } else {
       wait_for_prior_grid();
     }
-    const TileLines lines = load_line_scales<Method::fp16>(args, scales, z, m0, n0);
-    if (args.method == Method::automatic && !lines.fp16_safe) {  // the tf32 kernel's tile
-      if (threadIdx.x == 0) *args.tf32_tiles_pending = 1;
+    const TileLines lines = load_line_scales<kM>(args, scales, z, m0, n0);
+    // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those.
+    if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
+      if (!kTf32 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       if constexpr (kTma) {  // the stages in flight land before their slots are used again
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
       }
@@ -440,6 +518,34 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     // Splits B's fp32 stage kt into hi/lo buffer `buf`.
     auto split_b = [&](int kt, int buf) {
       const unsigned char* src = reinterpret_cast<const unsigned char*>(stage_b_of(kt));
+      if constexpr (kTf32) {  // (see b_tf32_off; all loads first, as below)
+        unsigned char* hi = split_tile(buf, 0) + tf32_split_off;
+        unsigned char* lo = split_tile(buf, 1) + tf32_split_off;
+        float4 q[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kBRowMajor) {
+            auto at = [&](int e) {
+              return *reinterpret_cast<const float*>(src + b_tf32_off[e] + sizeof(float) * B::shift(j, 0));
+            };
+            q[j] = make_float4(at(0), at(1), at(2), at(3));
+          } else {
+            q[j] = *reinterpret_cast<const float4*>(src + b_tf32_off[j]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const wmmae::Tf32Split x = wmmae::split_tf32(q[j].x), y = wmmae::split_tf32(q[j].y),
+                                 zs = wmmae::split_tf32(q[j].z), w = wmmae::split_tf32(q[j].w);
+          const int off = j * 2 * kLbo;
+          *reinterpret_cast<uint4*>(hi + off) =
+              make_uint4(__float_as_uint(x.hi), __float_as_uint(y.hi), __float_as_uint(zs.hi), __float_as_uint(w.hi));
+          *reinterpret_cast<uint4*>(lo + off) =
+              make_uint4(__float_as_uint(x.lo), __float_as_uint(y.lo), __float_as_uint(zs.lo), __float_as_uint(w.lo));
+        }
+        fence_proxy_async();  // wgmma reads these tiles after the next barrier
+        return;
+      }
       unsigned char* hi = split_tile(buf, 0) + split_off;
       unsigned char* lo = split_tile(buf, 1) + split_off;
       auto at = [&](int j, int lines8, int inner32) {
@@ -494,29 +600,49 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
       }
       fence_proxy_async();  // wgmma reads these tiles after the next barrier
     };
-    // A's fragment for k-step s of a stage: loaded (fp32), then split into hi and scaled residual.
-    using AFragment = float2[4];
+    // A's fragment for k-step s of a stage: loaded (fp32), then split into hi and scaled residual (fp16: 16 k,
+    // pairs of k per register; tf32: 8 k, one per register, no scaling).
+    using AFragment = std::conditional_t<kTf32, float[4], float2[4]>;
     auto load_a = [&](const float* stage, int s, AFragment& v) {
       const unsigned char* src = reinterpret_cast<const unsigned char*>(stage);
+      if constexpr (kTf32) {  // element i: row0 + 8 (i & 1), k quad + 4 (i >> 1) + 8 s
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int j = i & 1, h = i >> 1;  // rows 8 j below row0, k 8 h further
-        if constexpr (kARowMajor) {
-          v[i] = *reinterpret_cast<const float2*>(src + a_elem_off[s][h] + sizeof(float) * A::shift(j, 0));
-        } else {
-          const int step = sizeof(float) * A::shift(h + 2 * s, 0);
-          v[i] = make_float2(*reinterpret_cast<const float*>(src + a_elem_off[j][0] + step),
-                             *reinterpret_cast<const float*>(src + a_elem_off[j][1] + step));
+        for (int i = 0; i < 4; ++i) {
+          const int j = i & 1, h = i >> 1;
+          v[i] = *reinterpret_cast<const float*>(
+              src + (kARowMajor ? a_tf32_off[2 * s + h] + sizeof(float) * A::shift(j, 0)
+                                : a_tf32_off[2 * h + j] + sizeof(float) * A::shift(s, 0)));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = i & 1, h = i >> 1;  // rows 8 j below row0, k 8 h further
+          if constexpr (kARowMajor) {
+            v[i] = *reinterpret_cast<const float2*>(src + a_elem_off[s][h] + sizeof(float) * A::shift(j, 0));
+          } else {
+            const int step = sizeof(float) * A::shift(h + 2 * s, 0);
+            v[i] = make_float2(*reinterpret_cast<const float*>(src + a_elem_off[j][0] + step),
+                               *reinterpret_cast<const float*>(src + a_elem_off[j][1] + step));
+          }
         }
       }
     };
     auto split_a = [&](const AFragment& v, std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
+      if constexpr (kTf32) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        __half2 h2, l2;
-        wmmae::split_fp16x2(v[i].x * a_scale[i & 1], v[i].y * a_scale[i & 1], h2, l2);
-        hi[i] = half2_bits(h2);
-        lo[i] = half2_bits(l2);
+        for (int i = 0; i < 4; ++i) {
+          const wmmae::Tf32Split x = wmmae::split_tf32(v[i]);
+          hi[i] = __float_as_uint(x.hi);
+          lo[i] = __float_as_uint(x.lo);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          __half2 h2, l2;
+          wmmae::split_fp16x2(v[i].x * a_scale[i & 1], v[i].y * a_scale[i & 1], h2, l2);
+          hi[i] = half2_bits(h2);
+          lo[i] = half2_bits(l2);
+        }
       }
     };
 
@@ -564,8 +690,8 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
             if (whole_tile || (row_in[r] && j < cols_in)) {
               const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
               const float2 v = make_float2(
-                  unscale_direct(chunk_result<Method::fp16>(sum[x], corr[x]), a_shift[r] + bs.x),
-                  unscale_direct(chunk_result<Method::fp16>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
+                  unscale_direct(chunk_result<kM>(sum[x], corr[x]), a_shift[r] + bs.x),
+                  unscale_direct(chunk_result<kM>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
               float2* out = reinterpret_cast<float2*>(out_row[r] + j);
               if (atomic_output) {
                 atomicAdd(out, v);
@@ -601,10 +727,10 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
           const int shift = a_shift[r] + b_shift[j];
           if (read_back) {
             // (kHalfHi never reads back: kBesidePrepass excludes kReadBack. The index only stays in bounds.)
-            add_chunk_to_read_back_output<Method::fp16>(sum[x], corr[x], hh[x % kHh], out, shift, last_chunk);
+            add_chunk_to_read_back_output<kM>(sum[x], corr[x], hh[x % kHh], out, shift, last_chunk);
           } else {
             // With kReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
-            add_chunk_to_output<Method::fp16>(sum[x], corr[x], out, shift, !kReadBack && atomic_output,
+            add_chunk_to_output<kM>(sum[x], corr[x], out, shift, !kReadBack && atomic_output,
                                               kReadBack || first_chunk, last_chunk);
           }
         }
@@ -626,8 +752,8 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     } else {
       stage_ring_prologue<kStages>(k_tiles, issue_stage);
     }
-    int split_buf = 0;  // B's hi/lo buffer of stage kt: kt % kSplitBuffers, counted without a division
-    auto next_split_buf = [](int buf) { return buf == kSplitBuffers - 1 ? 0 : buf + 1; };
+    int split_buf = 0;  // B's hi/lo buffer of stage kt: kt % kBuffers, counted without a division
+    auto next_split_buf = [](int buf) { return buf == kBuffers - 1 ? 0 : buf + 1; };
     split_b(0, split_buf);
     // Software pipeline over wgmma groups (in order per warpgroup): G1 = hi*hi of k-step 0, G2 = its two
     // corrections, G3 = hi*hi of k-step 1, G4 = its corrections. Each wait leaves only the last correction
@@ -654,9 +780,9 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
           stage_ring_advance<kStages>(kt, k_tiles, issue_stage);
         }
         const float* sa = stage_a_of(kt);
-        const std::uint64_t b_hi = split_desc0 + split_buf * (2 * kSplitTileBytes >> 4);
-        const std::uint64_t b_lo = b_hi + (kSplitTileBytes >> 4);
-        constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per 16 k
+        const std::uint64_t b_hi = split_desc0 + split_buf * (2 * kSplitBytes >> 4);
+        const std::uint64_t b_lo = b_hi + (kSplitBytes >> 4);
+        constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per k-step (two core matrices along k)
         split_a(a_next, a_hi[0], a_lo[0]);
         // B's split of the next stage (and A's next k-step-0 fragment) needs hh free: warpgroup 1 does it
         // before its first products, warpgroup 0 after them, so that one warpgroup splits while the other's
@@ -672,7 +798,33 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
         };
         const bool split_first = warp >= 4;
         if (split_first) split_ahead();
-        if constexpr (kHalfHi) {
+        if constexpr (kTf32) {
+          // Per 8-wide k-step: hi*hi into hh, then lo*hi and hi*lo into corr; each wait leaves the step's
+          // corrections running while its hi*hi part is added and the next step's fragment is split.
+#pragma unroll
+          for (int step = 0; step < kBlockK / 8; ++step) {
+            const int cur = step & 1;
+            const std::uint64_t b_step_hi = b_hi + step * kStepDesc, b_step_lo = b_lo + step * kStepDesc;
+            wgmma_fence();
+            wgmma_m64n128k8_tf32_overwrite(hh, a_hi[cur], b_step_hi);
+            wgmma_commit();
+            wgmma_m64n128k8_tf32(corr, a_lo[cur], b_step_hi, step > 0 || kt != chunk_begin);
+            wgmma_m64n128k8_tf32(corr, a_hi[cur], b_step_lo, 1);
+            wgmma_commit();
+            if constexpr (kTma) {
+              if (step == 0 && kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+            }
+            wgmma_wait<1>();  // this step's hi*hi and the previous step's corrections are done
+            add_hi_products();
+            if (step + 1 < kBlockK / 8) {  // (its registers were last read by the corrections just retired)
+              AFragment v;
+              load_a(sa, step + 1, v);
+              if (step == 0 && !split_first) split_ahead();
+              split_a(v, a_hi[cur ^ 1], a_lo[cur ^ 1]);
+            }
+          }
+          wgmma_wait<0>();  // two hi/lo buffers: stage kt + 2's split, after the next barrier, rewrites this one's
+        } else if constexpr (kHalfHi) {
           // Per k-step: hi*hi of columns 0-63, then lo*hi behind it; hi*hi of columns 64-127, then hi*lo
           // behind it. Each wait leaves the correction product running while the half is added.
           constexpr int kHalfNDesc = (kBlockN / 2 / 8) * kSbo >> 4;  // descriptor units of 64 columns
@@ -737,6 +889,17 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
     ring_start += k_tiles;
   }
 #endif
+}
+
+template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
+__global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
+    corrected_gemm_sm90_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
+  corrected_gemm_sm90<Method::fp16, kARowMajor, kBRowMajor, kTma, kReadBack, kBesidePrepass>(args, maps);
+}
+
+template <bool kARowMajor, bool kBRowMajor, bool kTma>
+__global__ void __maxnreg__(255) corrected_gemm_sm90_tf32_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
+  corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, kTma, false, false>(args, maps);
 }
 
 }  // namespace sm90

@@ -1198,9 +1198,34 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
   return dim3(grid.x, grid.y, static_cast<unsigned>(std::clamp<std::int64_t>(wave_slots, 1, grid.z)));
 }
 
+#ifdef WMMAE_HAS_SM90A
+// The tf32 method on sm_90 (and auto's tiles that are not fp16-safe): the wgmma kernel with tf32 products,
+// on the plan's grid (no stream-K; auto: the fp16 GEMM skipped those tiles' pieces, this kernel takes them
+// whole), in one wave's batch slots for auto (see tf32_exit_grid).
+template <bool kARowMajor, bool kBRowMajor>
+void launch_sm90_tf32(const GemmArgs& fp16_args, const GemmLaunch& launch) {
+  GemmArgs args = fp16_args;
+  args.stream_k_blocks = 0;
+  GemmLaunch tf32_launch = launch;
+  if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
+  sm90::TmaMaps maps{};
+  if (launch.kernels.sm90_tma && tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
+    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, true>>(
+        sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32>::kSmemBytes, tf32_launch, args, maps);
+  } else {
+    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, false>>(
+        sm90::Config<kARowMajor, kBRowMajor, false, Method::tf32>::kSmemBytes, tf32_launch, args, maps);
+  }
+}
+#endif
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
-  if (M == Method::fp16 && launch.kernels.sm90) {
+  if (M == Method::tf32 && launch.kernels.sm90) {
+#ifdef WMMAE_HAS_SM90A
+    launch_sm90_tf32<kARowMajor, kBRowMajor>(args, launch);
+#endif
+  } else if (M == Method::fp16 && launch.kernels.sm90) {
 #ifdef WMMAE_HAS_SM90A
     if (launch.tma_maps != nullptr) {  // encoded for the resident pre-pass
       launch_sm90<kARowMajor, kBRowMajor, true>(args, *launch.tma_maps, launch);
