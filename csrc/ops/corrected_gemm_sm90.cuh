@@ -348,7 +348,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   constexpr int kSplitBytes = split_tile_bytes<kM>(), kBuffers = split_buffers<kM>();
   auto split_tile = [&](int buf, int part) { return split_base + (buf * 2 + part) * kSplitBytes; };
   const LineScales scales(split_base + 2 * kBuffers * kSplitBytes);
-  // The descriptor of hi/lo tile (0, hi); the others are kSplitTileBytes apart, and a descriptor's address
+  // The descriptor of hi/lo tile (0, hi); the others are kSplitBytes apart, and a descriptor's address
   // field (16-byte units, 14 bits: all of shared memory) is linear in the address, so theirs are this plus
   // their offset / 16.
   const std::uint64_t split_desc0 = smem_descriptor(split_tile(0, 0));
