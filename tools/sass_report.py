@@ -41,42 +41,38 @@ def _is(text: str, mnemonics) -> bool:
     return any(op == m or op.startswith(m + ".") for m in mnemonics)
 
 
-def parse_sass(text: str) -> dict[tuple[str, str], list[tuple[int, str]]]:
-    """{(arch, mangled kernel name): [(address, instruction text), ...]} of `cuobjdump -sass` output."""
-    kernels: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    arch, code = "?", None
+def _kernel_lines(text: str, function: re.Pattern):
+    """(arch, mangled kernel name, line) for each line of a cuobjdump listing that follows a kernel's header
+    (`function`'s match) in an ELF section of that arch (`arch = sm_..`)."""
+    arch, name = "?", None
     for line in text.splitlines():
         m = _ARCH.match(line)
         if m:
-            arch, code = m.group(1), None
+            arch, name = m.group(1), None
             continue
-        m = _FUNCTION.match(line)
+        m = function.match(line)
         if m:
-            code = kernels.setdefault((arch, m.group(1)), [])
-            continue
-        if code is not None:
-            m = _INSTRUCTION.search(line)
-            if m:
-                code.append((int(m.group(1), 16), m.group(2).strip()))
+            name = m.group(1)
+        elif name is not None:
+            yield arch, name, line
+
+
+def parse_sass(text: str) -> dict[tuple[str, str], list[tuple[int, str]]]:
+    """{(arch, mangled kernel name): [(address, instruction text), ...]} of `cuobjdump -sass` output."""
+    kernels: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for arch, name, line in _kernel_lines(text, _FUNCTION):
+        m = _INSTRUCTION.search(line)
+        if m:
+            kernels.setdefault((arch, name), []).append((int(m.group(1), 16), m.group(2).strip()))
     return kernels
 
 
 def parse_res_usage(text: str) -> dict[tuple[str, str], dict[str, int]]:
     """{(arch, mangled kernel name): {"REG": .., "STACK": .., "SHARED": .., "LOCAL": ..}} of `cuobjdump -res-usage`."""
     usage: dict[tuple[str, str], dict[str, int]] = {}
-    arch, current = "?", None
-    for line in text.splitlines():
-        m = _ARCH.match(line)
-        if m:
-            arch, current = m.group(1), None
-            continue
-        m = _RES_FUNCTION.match(line)
-        if m:
-            current = m.group(1)
-            continue
-        if current is not None and "REG:" in line:
-            usage[(arch, current)] = {k: int(v) for k, v in _RES_FIELD.findall(line)}
-            current = None
+    for arch, name, line in _kernel_lines(text, _RES_FUNCTION):
+        if "REG:" in line and (arch, name) not in usage:
+            usage[(arch, name)] = {k: int(v) for k, v in _RES_FIELD.findall(line)}
     return usage
 
 
