@@ -17,7 +17,8 @@
 #   SANITIZE_TIMEOUT            seconds per tool (default 1800); SANITIZE_TIMEOUT_<TOOL> for one tool
 #   SANITIZE_EXTRA_ARGS         more compute-sanitizer arguments (e.g. "--leak-check full"; for racecheck over
 #                               large problems "--kernel-name kns=wmmae_ops" checks only this package's kernels,
-#                               not the tests' cuBLAS references, which took most of the time)
+#                               not the tests' cuBLAS references, which took most of the time; not for
+#                               initcheck: memory that the filtered-out kernels write counts as never written)
 #   SANITIZE_COMMIT             the commit to name in the summary (default: git rev-parse HEAD)
 #   SANITIZE_ALLOCATOR          uncached (default) or caching (see below)
 #   SANITIZE_BACKTRACE          compute-sanitizer's --show-backtrace: yes by default, no with the caching
