@@ -371,14 +371,14 @@ READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|f
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1000, 2100, 5000], ids=lambda k: f"k{k}")
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
-@pytest.mark.parametrize("kernel", ["default", "portable_fp16", "portable_tf32"])
+@pytest.mark.parametrize("kernel", ["default", "default_tf32", "portable_fp16", "portable_tf32"])
 def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
     """Without split-K a block sums K in chunks of 1024 and keeps the partial sums in the output, which later
-    chunks read back: the wgmma kernel in one batch (its kReadBack instantiation, which runs exactly where a
-    block has more than one chunk, K > 1024 here), the WMMA kernels (both methods; the tf32 one is also auto's
-    fallback on H100/H200) element by element. On partial tiles too, and with an Inf in a row of a."""
-    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "0" if kernel == "default" else "1")
-    method = "tf32" if kernel == "portable_tf32" else "fp16"
+    chunks read back: the wgmma kernel's fp16 instantiations in one batch (kReadBack, which runs exactly where a
+    block has more than one chunk, K > 1024 here), its tf32 ones and the WMMA kernels (both methods; what other
+    GPUs run) element by element. On partial tiles too, and with an Inf in a row of a."""
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if kernel.startswith("portable") else "0")
+    method = "tf32" if kernel.endswith("tf32") else "fp16"
     a = random_tensor(gen, (130, k), "normal", "cuda")
     b = random_tensor_in_layout((k, 129), b_col, gen, "cuda")
     a[5, k // 2] = float("inf")

@@ -14,8 +14,9 @@
 //    results are added in the output tile (two-level summation, no extra registers). With few output
 //    tiles, K is also split across blocks (split-K, fp32 atomics; not in deterministic mode), or, in the
 //    wgmma kernel, every block takes an equal share of all (tile, k-stage) units (stream-K, also atomics).
-//    On H100/H200 (sm_90a builds) the fp16 GEMM is the wgmma kernel of corrected_gemm_sm90.cuh instead:
-//    same tiles, stages, scaling and chunked summation, A split straight into wgmma register fragments.
+//    On H100/H200 (sm_90a builds) both GEMMs are the wgmma kernel of corrected_gemm_sm90.cuh instead
+//    (fp16 and tf32 instantiations): same tiles, stages, scaling and chunked summation, A split straight
+//    into wgmma register fragments.
 //    On sm_90 the fp16 GEMM's blocks may start while the pre-pass finishes (allow_dependent_grid).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
