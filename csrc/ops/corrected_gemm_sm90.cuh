@@ -86,6 +86,12 @@ template <Method kM>
 constexpr int split_tile_bytes() { return kM == Method::tf32 ? kTf32SplitTileBytes : kSplitTileBytes; }
 template <Method kM>
 constexpr int split_buffers() { return kM == Method::tf32 ? kTf32SplitBuffers : kSplitBuffers; }
+// v split into tf32 hi and residual (wmmae::split_tf32), as the 32-bit patterns wgmma reads.
+__device__ __forceinline__ void split_tf32_bits(float v, std::uint32_t& hi, std::uint32_t& lo) {
+  const wmmae::Tf32Split x = wmmae::split_tf32(v);
+  hi = __float_as_uint(x.hi);
+  lo = __float_as_uint(x.lo);
+}
 // Byte offset of element (n, k) in a tf32 hi/lo tile.
 __device__ __forceinline__ int tf32_split_offset(int n, int k) {
   return k / 4 * kLbo + n / 8 * kSbo + n % 8 * 16 + k % 4 * 4;
@@ -535,13 +541,13 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const wmmae::Tf32Split x = wmmae::split_tf32(q[j].x), y = wmmae::split_tf32(q[j].y),
-                                 zs = wmmae::split_tf32(q[j].z), w = wmmae::split_tf32(q[j].w);
-          const int off = j * 2 * kLbo;
-          *reinterpret_cast<uint4*>(hi + off) =
-              make_uint4(__float_as_uint(x.hi), __float_as_uint(y.hi), __float_as_uint(zs.hi), __float_as_uint(w.hi));
-          *reinterpret_cast<uint4*>(lo + off) =
-              make_uint4(__float_as_uint(x.lo), __float_as_uint(y.lo), __float_as_uint(zs.lo), __float_as_uint(w.lo));
+          uint4 h, l;
+          split_tf32_bits(q[j].x, h.x, l.x);
+          split_tf32_bits(q[j].y, h.y, l.y);
+          split_tf32_bits(q[j].z, h.z, l.z);
+          split_tf32_bits(q[j].w, h.w, l.w);
+          *reinterpret_cast<uint4*>(hi + j * 2 * kLbo) = h;
+          *reinterpret_cast<uint4*>(lo + j * 2 * kLbo) = l;
         }
         fence_proxy_async();  // wgmma reads these tiles after the next barrier
         return;
@@ -630,11 +636,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     auto split_a = [&](const AFragment& v, std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
       if constexpr (kTf32) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const wmmae::Tf32Split x = wmmae::split_tf32(v[i]);
-          hi[i] = __float_as_uint(x.hi);
-          lo[i] = __float_as_uint(x.lo);
-        }
+        for (int i = 0; i < 4; ++i) split_tf32_bits(v[i], hi[i], lo[i]);
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
