@@ -1102,6 +1102,18 @@ bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
 }
 #endif
 
+// auto's tf32 GEMM nearly always finds that the fp16 GEMM left it no tile, and returns. Launched with a block
+// per tile, most of those blocks start only as the fp16 GEMM ends (auto took 4-6 us more than fp16 per call at
+// 64 x 512^3, H200). So batched calls launch it with fewer batch slots, down to one wave of blocks
+// (blocks_per_sm per SM, at least 1), whose blocks take the batch entries in turn. (H200, 64 x 512^3: its
+// kernel's span 24.0 -> 21.7 us; auto minus fp16 per call 1.8-2.6 us against 3.6-4.1 in one pair of runs,
+// within noise in another.)
+dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
+  const std::int64_t wave_slots =
+      static_cast<std::int64_t>(sm_count) * blocks_per_sm / (static_cast<std::int64_t>(grid.x) * grid.y);
+  return dim3(grid.x, grid.y, static_cast<unsigned>(std::clamp<std::int64_t>(wave_slots, 1, grid.z)));
+}
+
 #ifdef WMMAE_HAS_SM90A
 // Whether the wgmma kernel reads the partial sums back in one batch (its kReadBack instantiation): where a
 // block sums several short chunks of K into the output itself (no split-K, small output: chunks of 1024,
@@ -1166,77 +1178,52 @@ bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs
   return variant(args, a, b, items_done, sm_count, stream, maps);
 }
 
-template <bool kARowMajor, bool kBRowMajor, bool kTma>
+// The wgmma kernel of method M with fp32 stages by TMA (kTma, `maps`) or cp.async. tf32: the method, or auto's
+// tiles that are not fp16-safe, on the plan's grid (no stream-K; auto: the fp16 GEMM skipped those tiles'
+// pieces, this kernel takes them whole), in one wave's batch slots for auto (see tf32_exit_grid).
+template <Method M, bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
-  using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
-  if constexpr (kTma) {
-    if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
-      constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
-      prefer_max_shared_carveout<kernel>();
-      launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args, maps);
-      return;
+  if constexpr (M == Method::tf32) {
+    GemmArgs tf32_args = args;
+    tf32_args.stream_k_blocks = 0;
+    GemmLaunch tf32_launch = launch;
+    if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
+    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, kTma>>(
+        sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes, tf32_launch, tf32_args, maps);
+  } else {
+    using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
+    if constexpr (kTma) {
+      if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
+        constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
+        prefer_max_shared_carveout<kernel>();
+        launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args, maps);
+        return;
+      }
     }
-  }
-  if (sm90_read_back(args)) {
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false>>(
-        Cfg::kSmemBytes, launch, args, maps);
-  } else {
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false>>(
-        Cfg::kSmemBytes, launch, args, maps);
-  }
-}
-#endif
-
-// auto's tf32 GEMM nearly always finds that the fp16 GEMM left it no tile, and returns. Launched with a block
-// per tile, most of those blocks start only as the fp16 GEMM ends (auto took 4-6 us more than fp16 per call at
-// 64 x 512^3, H200). So batched calls launch it with fewer batch slots, down to one wave of blocks
-// (blocks_per_sm per SM, at least 1), whose blocks take the batch entries in turn. (H200, 64 x 512^3: its
-// kernel's span 24.0 -> 21.7 us; auto minus fp16 per call 1.8-2.6 us against 3.6-4.1 in one pair of runs,
-// within noise in another.)
-dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
-  const std::int64_t wave_slots =
-      static_cast<std::int64_t>(sm_count) * blocks_per_sm / (static_cast<std::int64_t>(grid.x) * grid.y);
-  return dim3(grid.x, grid.y, static_cast<unsigned>(std::clamp<std::int64_t>(wave_slots, 1, grid.z)));
-}
-
-#ifdef WMMAE_HAS_SM90A
-// The tf32 method on sm_90 (and auto's tiles that are not fp16-safe): the wgmma kernel with tf32 products,
-// on the plan's grid (no stream-K; auto: the fp16 GEMM skipped those tiles' pieces, this kernel takes them
-// whole), in one wave's batch slots for auto (see tf32_exit_grid).
-template <bool kARowMajor, bool kBRowMajor>
-void launch_sm90_tf32(const GemmArgs& fp16_args, const GemmLaunch& launch) {
-  GemmArgs args = fp16_args;
-  args.stream_k_blocks = 0;
-  GemmLaunch tf32_launch = launch;
-  if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
-  sm90::TmaMaps maps{};
-  if (launch.kernels.sm90_tma && tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
-    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, true>>(
-        sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32>::kSmemBytes, tf32_launch, args, maps);
-  } else {
-    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, false>>(
-        sm90::Config<kARowMajor, kBRowMajor, false, Method::tf32>::kSmemBytes, tf32_launch, args, maps);
+    if (sm90_read_back(args)) {
+      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false>>(
+          Cfg::kSmemBytes, launch, args, maps);
+    } else {
+      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false>>(
+          Cfg::kSmemBytes, launch, args, maps);
+    }
   }
 }
 #endif
 
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
-  if (M == Method::tf32 && launch.kernels.sm90) {
+  if (launch.kernels.sm90) {
 #ifdef WMMAE_HAS_SM90A
-    launch_sm90_tf32<kARowMajor, kBRowMajor>(args, launch);
-#endif
-  } else if (M == Method::fp16 && launch.kernels.sm90) {
-#ifdef WMMAE_HAS_SM90A
-    if (launch.tma_maps != nullptr) {  // encoded for the resident pre-pass
-      launch_sm90<kARowMajor, kBRowMajor, true>(args, *launch.tma_maps, launch);
+    if (launch.tma_maps != nullptr) {  // encoded for the resident pre-pass (fp16 only)
+      launch_sm90<M, kARowMajor, kBRowMajor, true>(args, *launch.tma_maps, launch);
       return;
     }
     sm90::TmaMaps maps{};
     if (launch.kernels.sm90_tma && tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
-      launch_sm90<kARowMajor, kBRowMajor, true>(args, maps, launch);
+      launch_sm90<M, kARowMajor, kBRowMajor, true>(args, maps, launch);
     } else {
-      launch_sm90<kARowMajor, kBRowMajor, false>(args, maps, launch);
+      launch_sm90<M, kARowMajor, kBRowMajor, false>(args, maps, launch);
     }
 #endif
   } else {
