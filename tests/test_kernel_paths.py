@@ -202,7 +202,6 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
             assert any(layout in name for name in kernels["1"]), kernels["1"]
 
 
-
 TF32_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
 
 
@@ -247,6 +246,7 @@ def test_tf32_method_on_the_wgmma_kernel(gen, monkeypatch, a_col, b_col):
     assert any(TF32_KERNEL.search(k) for k in ran), ran
     assert_matmul_within_dot_product_bound(outs["auto"], wide, b, "auto")
     assert torch.equal(outs["auto"][128:], fp16[128:])  # the second row of tiles is fp16-safe
+
 
 # The pre-pass beside the GEMM (resident_prepass_sm90.cuh), which batched calls take where TMA reads both
 # operands (TORCH_WMMAE_RESIDENT_PREPASS=0 turns it off): (a as (shape, line stride,

@@ -7,8 +7,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -97,27 +95,14 @@ def test_short_name():
     ) == "batched_outer_kernel<__half, float, false>"
 
 
-def _cuobjdump():
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    found = shutil.which("cuobjdump")
-    if found is None and CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "cuobjdump")):
-        found = os.path.join(CUDA_HOME, "bin", "cuobjdump")
-    return found
-
-
 def _extension_rows():
     import torch_wmmae
 
     binaries = glob.glob(os.path.join(os.path.dirname(torch_wmmae.__file__), "_C*.so"))
-    tool = _cuobjdump()
+    tool = sass_report.find_cuobjdump()
     if not binaries or tool is None or not torch_wmmae.has_cuda_kernels():
         pytest.skip("needs the extension built with CUDA kernels and cuobjdump")
-
-    def run(flag):
-        return subprocess.run([tool, flag, binaries[0]], capture_output=True, text=True, check=True).stdout
-
-    rows = sass_report.summarize(sass_report.parse_sass(run("-sass")), sass_report.parse_res_usage(run("-res-usage")))
+    rows = sass_report.binary_rows(binaries[0], tool)
     if not any(r["arch"] == "sm_90a" for r in rows):
         pytest.skip("the extension has no sm_90a code (built for other GPUs)")
     return rows

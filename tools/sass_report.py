@@ -147,6 +147,25 @@ def _run(args: list[str]) -> str:
     return subprocess.run(args, capture_output=True, text=True, check=True).stdout
 
 
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, else beside nvcc or in the CUDA toolkit ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda);
+    None if absent."""
+    found = shutil.which("cuobjdump")
+    nvcc = shutil.which("nvcc")
+    bins = [os.path.dirname(nvcc) if nvcc else None] + [
+        os.path.join(home, "bin") if home else None
+        for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")]
+    for directory in bins:
+        if found is None and directory and os.path.isfile(os.path.join(directory, "cuobjdump")):
+            found = os.path.join(directory, "cuobjdump")
+    return found
+
+
+def binary_rows(binary: str, cuobjdump: str = "cuobjdump") -> list[dict]:
+    """summarize() of a shared library's or cubin's listings."""
+    return summarize(parse_sass(_run([cuobjdump, "-sass", binary])), parse_res_usage(_run([cuobjdump, "-res-usage", binary])))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("binary", nargs="?", help="a shared library or cubin (default: torch_wmmae/_C*.so)")
@@ -155,7 +174,10 @@ def main(argv=None) -> int:
     binary = args.binary or next(iter(sorted(glob.glob(os.path.join("torch_wmmae", "_C*.so")))), None)
     if binary is None:
         parser.error("no binary given and no torch_wmmae/_C*.so built here")
-    rows = summarize(parse_sass(_run(["cuobjdump", "-sass", binary])), parse_res_usage(_run(["cuobjdump", "-res-usage", binary])))
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        parser.error("cuobjdump not found (CUDA toolkit: PATH, $CUDA_HOME or /usr/local/cuda)")
+    rows = binary_rows(binary, cuobjdump)
     version = _run(["nvcc", "--version"]).strip().splitlines()[-1] if shutil.which("nvcc") else "nvcc not found"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     header = (f"# SASS of `{os.path.basename(binary)}`\n\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
