@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 
 import pytest
@@ -124,6 +125,40 @@ def test_corrected_matmul_split_k_output_starts_from_garbage(gen, monkeypatch, m
     if out.data_ptr() != address:
         pytest.skip("the caching allocator did not hand the poisoned block back (caching off?)")
     assert_matmul_within_dot_product_bound(out, a, b, method)
+
+
+# (batch, m, n, k, a column-major): the grid pre-pass with split-K (A's rows contiguous, B's columns strided,
+# float4s), with A's rows strided and odd (one element per thread), and the resident pre-pass (batched, TMA).
+WORKSPACE_CASES = {"split_k": (1, 128, 1024, 4096, False), "a_col_odd": (1, 301, 200, 99, True),
+                   "resident": (4, 256, 256, 256, False)}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(WORKSPACE_CASES))
+def test_corrected_matmul_workspace_starts_from_garbage(gen, case):
+    """The pre-pass merges the line ranges into a workspace that the call allocates and zeroes first (in a
+    kernel that the pre-pass overlaps, waiting for it before its first merge). A workspace block that the
+    caching allocator hands back full of large exponent codes must not leak into the scales: with them the
+    fp16 split would scale every line by 2^-86, and the result would be mostly zeros."""
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        pytest.skip("needs the caching allocator")
+    batch, m, n, k, a_col = WORKSPACE_CASES[case]
+    a = random_tensor(gen, (batch, k, m), "uniform", "cuda").transpose(-1, -2) if a_col else \
+        random_tensor(gen, (batch, m, k), "uniform", "cuda")
+    b = random_tensor(gen, (batch, k, n), "uniform", "cuda")
+    if batch == 1:
+        a, b = a[0], b[0]
+    assert 4 * batch * m * n <= 1 << 20, "the output must come from the small-block pool too"
+    # A private pool whose only memory is one 2 MiB segment of small blocks, filled with exponent code 1100
+    # (exponent 100: see RangeArrays) and freed: the call's output and workspace are carved from it.
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        poison = [torch.full((1 << 18,), 1100, dtype=torch.int32, device="cuda") for _ in range(2)]
+        del poison
+        out = torch_wmmae.corrected_matmul(a, b, method="fp16")
+    assert len(pool.snapshot()) == 1, "the call allocated outside the poisoned segment"
+    assert_matmul_within_dot_product_bound(out, a, b, case)
 
 
 def _launched_kernels(fn) -> list[str]:
@@ -341,7 +376,7 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
 @pytest.mark.gpu
 def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
     """A call with the pre-pass beside the GEMM replays from a CUDA graph with fresh inputs (the launch
-    order, the counts' memset and the GEMM's dependent launch are captured) and gives the eager bits."""
+    order, the counts' zeroing and the dependent launches are captured) and gives the eager bits."""
     monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
     a = random_tensor(gen, (6, 200, 300), "normal", "cuda")
     b = random_tensor(gen, (6, 300, 136), "normal", "cuda")

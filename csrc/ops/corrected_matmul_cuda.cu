@@ -2,7 +2,8 @@
 //
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
-//    output when K is split; one launch for all of it. In batched calls on H100/H200 it may instead run as
+//    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
+//    that zeroes the workspace (zero_workspace_kernel). In batched calls on H100/H200 it may instead run as
 //    one block of four warps per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
 // 2. GEMM: 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are read in place (row- or
 //    column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline of fp32 tiles; a
@@ -27,8 +28,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
@@ -67,7 +70,7 @@ template <> struct MethodTraits<Method::tf32> {
 };
 
 // The workspace of the pre-pass: per row of A / column of B (and batch index), in three int arrays that
-// start as zeros (one memset) and are merged into with atomicMax / atomicOr: the largest exponent as
+// start as zeros (zero_workspace_kernel) and are merged into with atomicMax / atomicOr: the largest exponent as
 // kExponentBias + max_exp and the smallest as kExponentBias - min_exp, both > 0 for every float exponent,
 // so 0 stands for "no finite non-zero element yet".
 struct RangeArrays {
@@ -138,6 +141,26 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...); with `overlap`, by programmatic dependent
+// launch, so that its blocks may start while the kernel before it on the stream still runs.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem_bytes, cudaStream_t stream,
+                   bool overlap, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute overlap_attr{};
+  overlap_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap_attr.val.programmaticStreamSerializationAllowed = 1;
+  if (overlap) {
+    config.attrs = &overlap_attr;
+    config.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -296,6 +319,7 @@ __device__ void contiguous_line_ranges(const LinesArgs& args, const float* base,
     }
   }
   const int lane = threadIdx.x % 32;
+  wait_for_prior_grid();  // the workspace's zeroing (see zero_workspace_kernel)
 #pragma unroll
   for (int g = 0; g < kLines; ++g) {
     // (Lines past the last: their stand-in, the first line, whose result is not merged.)
@@ -311,6 +335,7 @@ __device__ void strided_line_ranges(const LinesArgs& args, const float* base, st
                                     std::int64_t chunk0, std::int64_t chunk_step, std::int64_t z) {
   if (line >= args.lines) return;
   const float* p = base + line * args.line_stride;
+  wait_for_prior_grid();  // the workspace's zeroing (see zero_workspace_kernel), before the first merge
   for (std::int64_t begin = chunk0 * kChunk; begin < args.length; begin += chunk_step * kChunk) {
     const std::int64_t end = min(args.length, begin + kChunk);
     const MagnitudeBits r = strided_magnitudes(p, begin * args.elem_stride, end * args.elem_stride, args.elem_stride);
@@ -379,12 +404,33 @@ __device__ void strided_line_tile_ranges(const LinesArgs& args, const float* bas
   }
   __syncthreads();
   const std::int64_t line = line_tile * kTileLines + threadIdx.x;
+  wait_for_prior_grid();  // the workspace's zeroing (see zero_workspace_kernel)
   if (threadIdx.x < kTileLines && line < args.lines) {
     MagnitudeBits all = partial[0][threadIdx.x];
     for (int w = 1; w < kPrepassThreads / 32; ++w) all.include(partial[w][threadIdx.x]);
     args.out.merge(z * args.lines + line, all.exponent_range());
   }
   __syncthreads();  // `partial` is reused for the next batch entry
+}
+
+// The pre-pass's workspace (see RangeArrays; with auto's tf32_tiles_pending and the resident pre-pass's counts)
+// starts as zeros. A kernel rather than cudaMemsetAsync, so that the grid pre-pass can be launched to overlap
+// it: the pre-pass's blocks read A and B at once and wait for this grid (wait_for_prior_grid) only before
+// their first merge, so that the zeroing and its launch gap are hidden behind those reads.
+__global__ void __launch_bounds__(kPrepassThreads) zero_workspace_kernel(int* workspace, std::int64_t count) {
+  allow_dependent_grid();
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kPrepassThreads;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kPrepassThreads + threadIdx.x; i < count;
+       i += stride) {
+    workspace[i] = 0;
+  }
+}
+
+void launch_zero_workspace(int* workspace, std::int64_t count, int sm_count, cudaStream_t stream) {
+  const std::int64_t blocks =
+      std::min<std::int64_t>((count + kPrepassThreads - 1) / kPrepassThreads, std::int64_t{sm_count} * 4);
+  zero_workspace_kernel<<<static_cast<unsigned>(blocks), kPrepassThreads, 0, stream>>>(workspace, count);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The whole pre-pass of a call in one launch (each kernel boundary costs a few microseconds, which small
@@ -475,9 +521,10 @@ std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_blocks) {
 }
 
 // Launches the pre-pass: the line ranges of a and b (either may have no lines) and the zeroing of `zero`
-// (zero_count floats; none when null). Returns whether it launched a kernel.
+// (zero_count floats; none when null), right after zero_workspace_kernel, which it overlaps where `overlap`.
+// Returns whether it launched a kernel.
 bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::int64_t zero_count, int sm_count,
-                    cudaStream_t stream) {
+                    bool overlap, cudaStream_t stream) {
   PrepassArgs args{};
   args.lines[0] = a;
   args.lines[1] = b;
@@ -499,9 +546,8 @@ bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::in
   const std::int64_t blocks = args.blocks[0] + args.blocks[1] + zero_blocks;
   if (blocks == 0) return false;
   TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: the operands have too many lines");
-  prepass_kernel<<<dim3(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(slots)), kPrepassThreads, 0, stream>>>(
-      args);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(prepass_kernel, dim3(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(slots)),
+                dim3(kPrepassThreads), 0, stream, overlap, args);
   return true;
 }
 
@@ -1018,7 +1064,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 // environment (env_is). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
 // includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel. sm90_tma: its
 // fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
-// outputs are the same bits). overlap_launches: a GEMM may start while the kernel before it runs (programmatic
+// outputs are the same bits). overlap_launches: a kernel may start while the one before it runs (programmatic
 // dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
 struct KernelChoice {
   bool sm90 = false;
@@ -1026,13 +1072,31 @@ struct KernelChoice {
   bool overlap_launches = false;
 };
 
+// Whether the kernels that the current device runs were compiled for compute capability 9.0 or newer. A build
+// whose only code for this GPU is PTX of an older arch (TORCH_CUDA_ARCH_LIST="8.0+PTX" on an H100) runs with
+// wait_for_prior_grid compiled out, so its kernels must not be launched to overlap: they would read the
+// workspace before it is ready. (Per device: a machine may have GPUs that run different code of one build.)
+bool kernels_wait_for_prior_grid(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<signed char> known[kMaxDevices] = {};  // 0: not looked up yet, 1: yes, -1: no
+  if (device < 0 || device >= kMaxDevices) return false;
+  signed char v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    cudaFuncAttributes attributes{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prepass_kernel));  // (of the current device)
+    v = attributes.ptxVersion >= 90 ? 1 : -1;
+    known[device].store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
+}
+
 KernelChoice choose_kernels(const cudaDeviceProp& props) {
   KernelChoice choice;
 #ifdef WMMAE_HAS_SM90A
   choice.sm90 = props.major == 9 && props.minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
   choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
 #endif
-  choice.overlap_launches = props.major >= 9;
+  choice.overlap_launches = props.major >= 9 && kernels_wait_for_prior_grid(c10::cuda::current_device());
   return choice;
 }
 
@@ -1053,19 +1117,8 @@ struct GemmLaunch {
 template <auto Kernel, class... Params>
 void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Params&... params) {
   allow_dynamic_smem<Kernel>(smem_bytes);
-  cudaLaunchConfig_t config{};
-  config.gridDim = launch.grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = launch.stream;
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  if (launch.overlaps_previous && launch.kernels.overlap_launches) {
-    config.attrs = &overlap;
-    config.numAttrs = 1;
-  }
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, Kernel, params...));
+  launch_kernel(Kernel, launch.grid, dim3(kThreads), smem_bytes, launch.stream,
+                launch.overlaps_previous && launch.kernels.overlap_launches, params...);
 }
 
 }  // namespace
@@ -1162,8 +1215,9 @@ bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const L
   const unsigned blocks = static_cast<unsigned>(std::min(sm_count, prepass.items));  // one block per SM
   constexpr auto kernel = sm90::resident_prepass_kernel<kARowMajor, kBRowMajor>;
   prefer_max_shared_carveout<kernel>();  // (and the GEMM's beside it: see launch_sm90)
-  kernel<<<blocks, sm90::kResidentThreads, sm90::kResidentSmemBytes, stream>>>(prepass, maps);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // (Overlapping zero_workspace_kernel: resident_prepass_applies needs overlapped launches.)
+  launch_kernel(kernel, dim3(blocks), dim3(sm90::kResidentThreads), sm90::kResidentSmemBytes, stream, true, prepass,
+                maps);
   args.prepass_items_done = items_done;
   args.prepass_items_per_batch = prepass.items_per_batch;
   return true;
@@ -1317,7 +1371,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   // With split-K or stream-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is
-  // no pre-pass (tf32; cheaper for the host than out.zero_(), see the range workspace below).
+  // no pre-pass (tf32; cheaper for the host than out.zero_(), which goes through TensorIterator).
   const bool zero_output = args.adds_into_output();
   if (zero_output && method == Method::tf32) C10_CUDA_CHECK(cudaMemsetAsync(args.c, 0, out.nbytes(), stream));
   at::Tensor ranges;
@@ -1334,11 +1388,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending; then
     // the resident pre-pass's counts per batch entry.
     const std::int64_t per = plan.batch * (plan.m + plan.n);
-    // Zeroed by one memset: at::zeros goes through TensorIterator and a fill kernel, which cost the host
-    // 1.4-12 us more per call (H200, two same-build pairs of runs).
+    // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
+    // host 1.4-12 us more per call: H200, two same-build pairs of runs).
     ranges = at::empty({3 * per + 1 + (resident ? plan.batch : 0)}, a.options().dtype(at::kInt));  // see RangeArrays
     int* base = ranges.data_ptr<int>();
-    C10_CUDA_CHECK(cudaMemsetAsync(base, 0, ranges.nbytes(), stream));
+    launch_zero_workspace(base, ranges.numel(), sm_count, stream);
     args.tf32_tiles_pending = base + 3 * per;
     const std::int64_t a_block = plan.batch * plan.m;
     args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
@@ -1353,8 +1407,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     }
 #endif
     if (!prepass_launched) {
-      prepass_launched =
-          launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count, stream);
+      prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
+                                        kernels.overlap_launches, stream);
     }
   }
   if (method != Method::tf32) {

@@ -58,7 +58,6 @@ template <bool kARowMajor, bool kBRowMajor>
 __global__ void __maxnreg__(kResidentPrepassRegisters)
     resident_prepass_kernel(ResidentPrepassArgs args, const __grid_constant__ TmaMaps maps) {
 #ifdef WMMAE_SM90A_DEVICE
-  allow_dependent_grid();  // the GEMM's blocks may take the rest of each SM now
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;
   const float* ring = reinterpret_cast<const float*>(smem);
@@ -109,6 +108,10 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
 
   std::uint32_t t = 0;  // stages this block has put through its ring
   if (static_cast<int>(blockIdx.x) < total) issue(item_at(blockIdx.x), 0, 0);
+  // The workspace's zeroing (zero_workspace_kernel, which this grid overlaps) has ended before the first merge
+  // and before the GEMM, which reads the counts without waiting for a grid, starts.
+  wait_for_prior_grid();
+  allow_dependent_grid();  // the GEMM's blocks may take the rest of each SM now
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     const Item it = item_at(i);
     const bool k_inner = it.operand == 0 ? kARowMajor : !kBRowMajor;
