@@ -28,7 +28,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -1072,31 +1071,16 @@ struct KernelChoice {
   bool overlap_launches = false;
 };
 
-// Whether the kernels that the current device runs were compiled for compute capability 9.0 or newer. A build
-// whose only code for this GPU is PTX of an older arch (TORCH_CUDA_ARCH_LIST="8.0+PTX" on an H100) runs with
-// wait_for_prior_grid compiled out, so its kernels must not be launched to overlap: they would read the
-// workspace before it is ready. (Per device: a machine may have GPUs that run different code of one build.)
-bool kernels_wait_for_prior_grid(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<signed char> known[kMaxDevices] = {};  // 0: not looked up yet, 1: yes, -1: no
-  if (device < 0 || device >= kMaxDevices) return false;
-  signed char v = known[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    cudaFuncAttributes attributes{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prepass_kernel));  // (of the current device)
-    v = attributes.ptxVersion >= 90 ? 1 : -1;
-    known[device].store(v, std::memory_order_relaxed);
-  }
-  return v > 0;
-}
-
 KernelChoice choose_kernels(const cudaDeviceProp& props) {
   KernelChoice choice;
 #ifdef WMMAE_HAS_SM90A
   choice.sm90 = props.major == 9 && props.minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
   choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
 #endif
-  choice.overlap_launches = props.major >= 9 && kernels_wait_for_prior_grid(c10::cuda::current_device());
+  // Only where the code this device runs was compiled for sm_90 or newer: a build whose only code for an H100
+  // is PTX of an older arch (TORCH_CUDA_ARCH_LIST="8.0+PTX") runs with wait_for_prior_grid compiled out, and
+  // its kernels would read the workspace before it is ready.
+  choice.overlap_launches = props.major >= 9 && ptx_version<prepass_kernel>() >= 90;
   return choice;
 }
 

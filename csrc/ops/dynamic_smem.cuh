@@ -1,6 +1,7 @@
 // A kernel that uses more than 48 KiB of dynamic shared memory must opt in, per kernel and device
 // (cudaFuncSetAttribute). That is a driver call, which the host would pay on every launch; this remembers,
-// per kernel and device, the largest size already allowed, and asks again only to raise it.
+// per kernel and device, the largest size already allowed, and asks again only to raise it. The other
+// per-kernel, per-device driver queries below are remembered the same way.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -56,6 +57,22 @@ int blocks_per_sm(int threads, std::size_t bytes) {
   n = n > 0 ? n : 1;
   blocks.store(n, std::memory_order_release);
   return n;
+}
+
+// The PTX arch that `Kernel`'s code on the current device was compiled for (cudaFuncAttributes::ptxVersion,
+// e.g. 90): older than the device where the build has only PTX of an older arch for it, JIT-compiled. Asked
+// once per kernel and device.
+template <auto Kernel>
+int ptx_version() {
+  static std::array<std::atomic<int>, C10_COMPILE_TIME_MAX_GPUS> known{};  // per device, 0: not asked yet
+  std::atomic<int>& version = known[c10::cuda::current_device()];
+  int v = version.load(std::memory_order_acquire);
+  if (v > 0) return v;
+  cudaFuncAttributes attributes{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, Kernel));
+  v = attributes.ptxVersion;
+  version.store(v, std::memory_order_release);
+  return v;
 }
 
 }  // namespace wmmae_ops
