@@ -2,7 +2,7 @@
 accesses per kernel, and for each kernel with a loop around its tensor-core instructions (the stage loop of a
 GEMM) that loop's length and the local-memory accesses inside it, where a spill costs on every iteration.
 
-    python tools/sass_report.py [torch_wmmae/_C*.so | file.cubin] [--out benchmarks/results/sass.md]
+    python tools/sass_report.py [torch_wmmae/_C*.so | file.cubin] [--out benchmarks/results/sass.md] [--commit REV]
 
 Reads `cuobjdump -sass` and `cuobjdump -res-usage` of the binary (CUDA toolkit), needs no GPU.
 """
@@ -170,6 +170,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("binary", nargs="?", help="a shared library or cubin (default: torch_wmmae/_C*.so)")
     parser.add_argument("--out", help="also write the markdown table here")
+    parser.add_argument("--commit", help="the source commit to name in the header (default: git rev-parse HEAD; "
+                        "give it where the checkout's git metadata is not that of the sources, e.g. a copied tree)")
     args = parser.parse_args(argv)
     binary = args.binary or next(iter(sorted(glob.glob(os.path.join("torch_wmmae", "_C*.so")))), None)
     if binary is None:
@@ -179,7 +181,8 @@ def main(argv=None) -> int:
         parser.error("cuobjdump not found (CUDA toolkit: PATH, $CUDA_HOME or /usr/local/cuda)")
     rows = binary_rows(binary, cuobjdump)
     version = _run(["nvcc", "--version"]).strip().splitlines()[-1] if shutil.which("nvcc") else "nvcc not found"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
     header = (f"# SASS of `{os.path.basename(binary)}`\n\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
               f"source at commit {commit or '?'}, {version}. Made by `tools/sass_report.py`. Stack bytes hold spills (and any local arrays); the "
               "tensor-core loop is the innermost loop around HGMMA/HMMA (a GEMM's stage loop), where a local-memory "
