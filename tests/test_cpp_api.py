@@ -41,7 +41,7 @@ def cpp_build():
                  f"-DCMAKE_CUDA_COMPILER={os.path.join(cpp_extension.CUDA_HOME, 'bin', 'nvcc')}"]
     if _with_cuda():
         major, minor = torch.cuda.get_device_capability()
-        args += ["-DTORCH_WMMAE_WITH_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={major}{minor}"]
+        args += ["-DTORCH_WMMAE_WITH_CUDA=ON", f"-DTORCH_CUDA_ARCH_LIST={major}.{minor}"]
     _run(["cmake", "-S", ROOT, "-B", BUILD, *args])
     _run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)])
     _run(["cmake", "--install", BUILD, "--prefix", PREFIX])
@@ -58,6 +58,19 @@ def test_cuda_checks_ran_on_a_gpu(cpp_build):
     assert " failed" in out and "0 failed" in out
     if _with_cuda():
         assert "on cuda:0" in out and "skip CUDA checks" not in out
+
+
+def test_hopper_build_has_the_sm90a_kernels(cpp_build):
+    """On an H100/H200 the library is built as sm_90a (9.0 -> 9.0a, as setup.py): without it the GPU would run
+    the portable WMMA kernels, and the same-bits test below would not notice (both kernels give the same bits)."""
+    if not _with_cuda() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an H100/H200 (compute capability 9.0) and nvcc")
+    cuobjdump = os.path.join(cpp_extension.CUDA_HOME, "bin", "cuobjdump")
+    library = next(cpp_build.glob("libtorch_wmmae.so*"))
+    elves = _run([cuobjdump, "--list-elf", library])
+    assert "sm_90a" in elves, elves
+    sass = _run([cuobjdump, "--dump-sass", "--gpu-architecture", "sm_90a", library])
+    assert "corrected_gemm_sm90_kernel" in sass and "HGMMA" in sass
 
 
 def test_same_bits_as_python(cpp_build, tmp_path):
