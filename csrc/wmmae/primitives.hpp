@@ -1,6 +1,7 @@
 // Fragment primitives built on the layout descriptors: fragments made and read in registers, without
-// going through memory. Every function here is warp-collective: all 32 lanes of a warp call it together
-// (as for nvcuda::wmma::load_matrix_sync), with the same arguments except where noted.
+// going through memory. Every function here that takes a fragment is warp-collective: all 32 lanes of a warp
+// call it together (as for nvcuda::wmma::load_matrix_sync), with the same arguments except where noted. `map`
+// and `has_row_quads` are compile-time layout queries (host and device).
 //
 // Loops run over compile-time element indices, so each lane's (row, col) arithmetic folds to a few
 // integer operations on its lane id and the fragment's registers are never indexed at run time.

@@ -25,6 +25,7 @@ enum Check {
   kRowQuads,            // foreach_row_quad covers every element once, == store_matrix_sync (accumulators)
   kStoreVector,         // store_vector (first column, first row, scaled) == the tile's elements, nothing past count
   kForeachDiagonal,     // foreach_diagonal visits exactly the holders of (i, i), as map() names them, with row i
+  kFillZero,            // fill_zero over a fragment of non-zero values == fill_fragment(0)
   kNumChecks
 };
 
@@ -209,6 +210,16 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
   load_ref(ref, tile, kLd);
   wmmae::make_identity(got, 3.0f);
   err[kMakeIdentity] += count_mismatch(ref, got);
+
+  // fill_zero over a fragment whose every element is non-zero == fill_fragment with zero.
+  {
+    using S = typename Tr::storage_type;
+    wmmae::foreach(got, [&](int x, int, int) { got.x[x] = wmmae::convert<S>(5.0f); });
+    err[kFillZero] += count_mismatch(ref, got) == 0;  // (the identity held zeros: now none may be left)
+    wmmae::fill_zero(got);
+    wmma::fill_fragment(ref, wmmae::convert<S>(0.0f));
+    err[kFillZero] += count_mismatch(ref, got);
+  }
 
   // Accumulators: bounded store_matrix_with_op == store_matrix_sync inside the bounds, untouched outside.
   if constexpr (Tr::use == Use::accumulator) {
