@@ -89,7 +89,7 @@ MATMUL_CASES = {
     # 7 alternating broadcast dimensions: more strided batch dimensions than the op supports
     "seven_broadcast_dims": (
         lambda t: (t(2, 1, 2, 1, 2, 1, 2, 3, 4), t(1, 2, 1, 2, 1, 2, 1, 4, 5)),
-        RuntimeError, r"broadcast batch shape .* make the operands contiguous",
+        RuntimeError, r"broadcast batch shape .* expand both operands to it and make them contiguous",
     ),
     "method_unknown": (lambda t: (t(3, 4), t(4, 2), "bf16"), RuntimeError, METHOD + r" must be 'auto', 'fp16' or 'tf32', got 'bf16'"),
     "method_uppercase": (lambda t: (t(3, 4), t(4, 2), "TF32"), RuntimeError, METHOD),
@@ -298,6 +298,15 @@ def test_fragment_map_on_cuda_without_cuda_kernels(gen):
     assert_device_still_usable("cpu", gen)
 
 
+@pytest.mark.skipif(not torch_wmmae.has_cuda_kernels() or torch.cuda.is_available(),
+                    reason="a build with the CUDA kernels on a machine without a GPU (as CI)")
+@pytest.mark.parametrize("where", ["cuda", "cuda:0"])
+def test_fragment_map_on_cuda_without_a_gpu(gen, where):
+    """The CUDA kernels are built but there is no GPU to measure: the error names the device argument."""
+    _expect(RuntimeError, r"argument 'device' is cuda(:0)?, but this machine has 0 CUDA device",
+            lambda: fragment_map(*GOOD, device=where), "cpu", gen)
+
+
 # --------------------------------------------------------------------------------------------------------
 # CUDA only: mixed devices, an invalid device index, arch together with a CUDA device
 # --------------------------------------------------------------------------------------------------------
@@ -379,6 +388,18 @@ def test_fake_kernels(gen, case):
     call, pattern = FAKE_CASES[case]
     t = _factory("meta", gen)
     _expect(RuntimeError, pattern, lambda: call(t), "cpu", gen)
+
+
+@pytest.mark.parametrize("case", list(FAKE_CASES))
+def test_fake_and_eager_messages_agree(gen, case):
+    """A compiled call fails with the eager call's message (up to how dtypes print: torch.float16 / Half)."""
+    call, _ = FAKE_CASES[case]
+    with pytest.raises(RuntimeError) as fake:
+        call(_factory("meta", gen))
+    with pytest.raises(RuntimeError) as eager:
+        call(_factory("cpu", gen))
+    head = lambda e: re.split(r", got | \([\w.]+\)|$", str(e.value).splitlines()[0], maxsplit=1)[0]  # noqa: E731
+    assert head(fake) == head(eager), (str(fake.value), str(eager.value))
 
 
 def test_meta_inputs_of_good_calls_work(gen):

@@ -251,6 +251,18 @@ def test_empty_outputs(device, gen, method, a_shape, b_shape):
     assert out.dtype == torch.float32 and out.device == a.device
 
 
+def test_more_batch_dimensions_than_strides_after_the_hint(device, gen):
+    """Seven alternating broadcast dimensions cannot be passed as strides (test_bad_inputs: the error says to
+    expand and make contiguous); done as the error says, the product follows torch.matmul."""
+    a = random_tensor(gen, (2, 1, 2, 1, 2, 1, 2, 3, 4), "normal", device)
+    b = random_tensor(gen, (1, 2, 1, 2, 1, 2, 1, 4, 5), "normal", device)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    with pytest.raises(RuntimeError, match="expand both operands"):
+        corrected_matmul(a, b)
+    out = check_against_fp32(a.expand(*batch, 3, 4).contiguous(), b.expand(*batch, 4, 5).contiguous(), "auto")
+    assert out.shape == torch.matmul(a, b).shape
+
+
 def _st_matmul_case():
     @st.composite
     def case(draw):

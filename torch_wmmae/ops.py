@@ -38,11 +38,18 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
 
 @torch.library.register_fake("wmmae::corrected_matmul")
 def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
-    torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be one of {METHODS}, got {method!r}")
-    torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
-    torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
+    # (The messages of the C++ checks, so that eager and compiled calls fail alike.)
+    torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '{method}'")
     torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
     torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
+    torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
+    torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
+    b_k = -1 if b.dim() == 1 else -2
+    torch._check(
+        a.shape[-1] == b.shape[b_k],
+        lambda: f"corrected_matmul: inner dimensions do not match: 'a' has shape {list(a.shape)} and 'b' has shape "
+        f"{list(b.shape)} (a.size(-1) must equal b.size({b_k}))",
+    )
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)
@@ -75,13 +82,14 @@ def batched_outer(
 
 @torch.library.register_fake("wmmae::batched_outer")
 def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.0, out_dtype=None) -> Tensor:
-    torch._check(u.dim() >= 1, lambda: "batched_outer: argument 'u' must have shape (..., n)")
-    torch._check(u.dtype in _OUTER_DTYPES, lambda: f"batched_outer: unsupported dtype {u.dtype} for 'u'")
+    # (The messages of the C++ checks, in their order, so that eager and compiled calls fail alike.)
+    torch._check(u.dim() >= 1, lambda: "batched_outer: argument 'u' must have shape (..., n), got a 0-d tensor")
+    torch._check(u.dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'u' must be float16, bfloat16 or float32, got {u.dtype}")
     if v is not None:
-        torch._check(v.shape == u.shape, lambda: "batched_outer: argument 'v' must have the shape of 'u'")
-        torch._check(v.dtype == u.dtype, lambda: "batched_outer: argument 'v' must have the dtype of 'u'")
+        torch._check(v.dtype == u.dtype, lambda: f"batched_outer: argument 'v' must have the dtype of 'u' ({u.dtype}), got {v.dtype}")
+        torch._check(v.shape == u.shape, lambda: f"batched_outer: argument 'v' must have the shape of 'u' {list(u.shape)}, got {list(v.shape)}")
     dtype = torch.float32 if out_dtype is None else out_dtype
-    torch._check(dtype in _OUTER_DTYPES, lambda: f"batched_outer: unsupported out_dtype {dtype}")
+    torch._check(dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'out_dtype' must be float32, float16 or bfloat16, got {dtype}")
     return u.new_empty((*u.shape, u.shape[-1]), dtype=dtype)
 
 
@@ -118,6 +126,8 @@ def fragment_map(
         raise ValueError("fragment_map: pass exactly one of arch= (analytic table) and device= (measure the GPU)")
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and dev.index is None:
+        if torch.cuda.device_count() == 0:  # (current_device() would fail with a message naming no argument)
+            raise RuntimeError("fragment_map: argument 'device' is cuda, but this machine has 0 CUDA device(s)")
         dev = torch.device("cuda", torch.cuda.current_device())
     return torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch, dev)
 

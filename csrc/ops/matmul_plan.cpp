@@ -63,7 +63,8 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
       continue;
     }
     TORCH_CHECK(bs.ndim < kMaxBatchDims, op_name, ": the broadcast batch shape ", at::IntArrayRef(batch_shape),
-                " cannot be coalesced into ", kMaxBatchDims, " strided dimensions; make the operands contiguous");
+                " cannot be coalesced into ", kMaxBatchDims, " strided dimensions; expand both operands to it and make "
+                "them contiguous (t.expand(*batch, rows, cols).contiguous()), or merge batch dimensions first");
     bs.size[bs.ndim] = size;
     bs.a_stride[bs.ndim] = sa;
     bs.b_stride[bs.ndim] = sb;

@@ -100,8 +100,8 @@ WMMAE_HD inline TileWork stream_k_piece(std::int64_t unit, std::int64_t end_unit
 }
 
 // Whether the environment variable `name` is set to exactly `value`. The kernel switches
-// (TORCH_WMMAE_STREAM_K, TORCH_WMMAE_PORTABLE_GEMM, TORCH_WMMAE_SM90_TMA) are read on every call: tests and
-// benchmarks change them between calls in one process.
+// (TORCH_WMMAE_STREAM_K, TORCH_WMMAE_PORTABLE_GEMM, TORCH_WMMAE_SM90_TMA, TORCH_WMMAE_RESIDENT_PREPASS) are read
+// on every call: tests and benchmarks change them between calls in one process.
 inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
