@@ -61,3 +61,16 @@ def test_sustained_reads_nvidia_smi_samples(tmp_path):
     assert [s[1:] for s in samples] == [(1770.0, 692.40, 0x4), (1980.0, 120.05, 0)]
     assert abs((samples[1][0] - samples[0][0]) - 0.05) < 1e-6
     assert samples[0][3] & POWER_CAP_REASON and not samples[1][3] & POWER_CAP_REASON
+
+
+def test_paper_table_is_up_to_date(tmp_path):
+    """benchmarks/results/paper_table.md is what make_table.py makes of the committed result files (it quotes
+    corrected_matmul.json's sweep, which each benchmark run replaces: regenerate the table after one)."""
+    import subprocess
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    out = tmp_path / "paper_table.md"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "paper", "make_table.py"), "--out", str(out)],
+                   check=True, capture_output=True)
+    with open(os.path.join(root, "benchmarks", "results", "paper_table.md")) as committed:
+        assert out.read_text() == committed.read(), "run benchmarks/paper/make_table.py"
