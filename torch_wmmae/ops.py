@@ -13,6 +13,17 @@ __all__ = ["corrected_matmul", "batched_outer", "fragment_map", "METHODS"]
 METHODS = ("auto", "fp16", "tf32")
 
 
+def _require_tensor(op: str, name: str, value) -> None:
+    """The dispatcher's own message for a non-tensor argument. (Where no argument is a tensor, as in
+    ``corrected_matmul(None, None)``, the dispatcher cannot choose a kernel and says only that there were no
+    tensor arguments.)"""
+    if not isinstance(value, Tensor):
+        raise RuntimeError(
+            f"wmmae::{op}() Expected a value of type 'Tensor' for argument '{name}' but instead found type "
+            f"'{type(value).__name__}'."
+        )
+
+
 # --------------------------------------------------------------------------------------------------------
 # corrected_matmul
 # --------------------------------------------------------------------------------------------------------
@@ -33,6 +44,8 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
             where every row and column involved is fp16-safe and tf32 elsewhere; it decides on the device
             (no host sync).
     """
+    _require_tensor("corrected_matmul", "a", a)
+    _require_tensor("corrected_matmul", "b", b)
     return torch.ops.wmmae.corrected_matmul.default(a, b, method)
 
 
@@ -77,6 +90,7 @@ def batched_outer(
     16-bit (on the GPU an off-diagonal bf16 product below float32's normal range may be one subnormal ulp
     off: the tensor core rounds it itself); float32 inputs are accurate to a few float32 ulps.
     """
+    _require_tensor("batched_outer", "u", u)
     return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype)
 
 
