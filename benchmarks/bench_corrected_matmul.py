@@ -63,9 +63,10 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     tf32_ms = timed(torch.matmul)
     torch.backends.cuda.matmul.allow_tf32 = False
     # The launch grid of the CUDA GEMM for this problem (tiles x K splits, or the wgmma kernel's stream-K
-    # blocks), as the op chose it.
+    # blocks, or its persistent batched blocks), as the op chose it.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles, k_splits, blocks, stream_k_blocks = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
+    tiles, k_splits, blocks, stream_k_blocks, persistent_blocks = torch.ops.wmmae._corrected_matmul_grid(
+        m, n, k, batch, sms)
     out = []
     for method in methods:
         ours = lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method)  # noqa: E731
@@ -75,7 +76,8 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
                         fp32_tflops=flop / fp32_ms / 1e9, tf32_tflops=flop / tf32_ms / 1e9,
                         speedup_vs_fp32=fp32_ms / ms, call_ms=call_ms, fp32_call_ms=fp32_call_ms,
                         call_speedup_vs_fp32=fp32_call_ms / call_ms, rel_err=err, fp32_rel_err=fp32_err,
-                        tiles=tiles, k_splits=k_splits, blocks=blocks, stream_k_blocks=stream_k_blocks))
+                        tiles=tiles, k_splits=k_splits, blocks=blocks, stream_k_blocks=stream_k_blocks,
+                        persistent_blocks=persistent_blocks))
     del a_sets, b_sets
     torch.cuda.empty_cache()
     return out

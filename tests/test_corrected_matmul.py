@@ -709,48 +709,54 @@ def test_launch_grid_rule(monkeypatch):
     most, at least 8 k-stages per block, chosen (below 4 waves of tiles) where its blocks run fewer than 0.97 x
     the k-stages that the split-K grid's waves run one after the other, and fewer than those minus 4 (minus 6
     where its blocks run under 72 stages), and as TORCH_WMMAE_STREAM_K says (0: never, 1: wherever it can
-    run); never in deterministic mode."""
+    run); never in deterministic mode. Its TMA stages, batched: one round of blocks looping over the batch
+    entries where tiles are short (K <= 1024) and that adds no round to the full grid's waves."""
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     grid = torch.ops.wmmae._corrected_matmul_grid
-    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1, 1024, 0]  # 1024 tiles >= 4 x 132: no split
-    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1, 6, 0]        # partial tiles count; K too short to split
-    tiles, splits, blocks, _ = grid(128, 128, 4096, 1, 132)
+    assert grid(4096, 4096, 4096, 1, 132) == [1024, 1, 1024, 0, 0] # 1024 tiles >= 4 x 132: no split
+    assert grid(130, 257, 64, 1, 132) == [2 * 3, 1, 6, 0, 0]     # partial tiles count; K too short to split
+    tiles, splits, blocks, _, _ = grid(128, 128, 4096, 1, 132)
     assert tiles == 1 and 1 < splits <= 32 and blocks == splits
     k_per_split = (4096 + splits - 1) // splits
     assert (k_per_split + 31) // 32 * 32 >= 256                # every split keeps >= 256 k (whole 32-k stages)
-    assert grid(128, 128, 4096, 1000, 132)[1:] == [1, 1000, 0]  # batch entries fill the GPU
-    assert grid(128, 128, 64, 70000, 132)[2] == 65535           # the grid takes 65535 batch entries at once
+    assert grid(128, 128, 4096, 1000, 132)[1:] == [1, 1000, 0, 0]  # batch entries fill the GPU (K > 1024: grid)
+    assert grid(128, 128, 64, 70000, 132)[2:] == [65535, 0, 132]   # the grid takes 65535 batch entries at once
+    # Short batched tiles: one round of blocks, each looping over batch entries, where that takes no more rounds
+    # than the full grid's waves (64 x 512^3: 8 slots x 16 tiles, 8 rounds = ceil(1024 / 132) waves).
+    assert grid(512, 512, 512, 64, 132) == [16, 1, 1024, 0, 128]
+    assert grid(512, 512, 512, 65, 132) == [16, 1, 1040, 0, 0]      # 9 rounds of 8 slots against 8 waves
+    assert grid(1024, 1024, 1024, 8, 132) == [64, 1, 512, 0, 128]    # 2 slots, 4 rounds = 4 waves
+    assert grid(1024, 1024, 1056, 8, 132)[4] == 0                    # 33 stages per tile
     # Tiles that nearly fill one wave are not split into several short waves (a block costs ~1024 k besides
     # its stages: H200, 128 x 14400 x 4096 unsplit 301 us, split 7 ways 405 us).
     assert grid(128, 14400, 4096, 1, 132)[:3] == [113, 1, 113]
     assert grid(128, 45120, 4096, 1, 132)[:3] == [353, 1, 353]
     # 90 tiles of 128 stages: the grid leaves 42 of 132 SMs idle for the whole call, stream-K spreads the
     # 11520 (tile, stage) units over all of them.
-    assert grid(128, 11520, 4096, 1, 132)[1:] == [1, 90, 132]
+    assert grid(128, 11520, 4096, 1, 132)[1:] == [1, 90, 132, 0]
     # Short shares: 23 tiles x 5 splits run 26 stages per block, stream-K would run 23 (0.88 x, but not 4
     # fewer), and its pieces' fixed cost made it 4-7% slower there (H200); 27 x 4 splits: 32 against 27, 2-4%
     # slower. Long shares gain near the grid's stages: 126 unsplit tiles, 128 against 123, 6% faster.
-    assert grid(128, 2880, 4096, 1, 132) == [23, 5, 115, 0]
-    assert grid(128, 3392, 4096, 1, 132) == [27, 4, 108, 0]
-    assert grid(128, 16064, 4096, 1, 132) == [126, 1, 126, 132]
+    assert grid(128, 2880, 4096, 1, 132) == [23, 5, 115, 0, 0]
+    assert grid(128, 3392, 4096, 1, 132) == [27, 4, 108, 0, 0]
+    assert grid(128, 16064, 4096, 1, 132) == [126, 1, 126, 132, 0]
     # 251 tiles: the grid's two waves run 256 stages, stream-K's blocks 244 (0.953 x; H200: 440 against 406 us).
-    assert grid(128, 32064, 4096, 1, 132) == [251, 1, 251, 132]
+    assert grid(128, 32064, 4096, 1, 132) == [251, 1, 251, 132, 0]
     # 256 tiles (one chunk of K per block from N = 32768 on): 249 against 256 (0.973 x) stays a grid (H200:
     # stream-K 3% slower).
-    assert grid(128, 32768, 4096, 1, 132) == [256, 1, 256, 0]
+    assert grid(128, 32768, 4096, 1, 132) == [256, 1, 256, 0, 0]
     # Grids that keep 97% of their waves' SM slots busy stay grids (stream-K's pieces and atomics cost more).
-    assert grid(2048, 2048, 2048, 1, 132) == [256, 1, 256, 0]
-    assert grid(1024, 1024, 1024, 8, 132) == [64, 1, 512, 0]
+    assert grid(2048, 2048, 2048, 1, 132) == [256, 1, 256, 0, 0]
     for m, n, k, batch in [(128, 11520, 4096, 1), (48, 40, 2100, 1), (130, 129, 700, 3), (16, 16, 512, 1)]:
         monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
-        tiles, _, _, blocks = grid(m, n, k, batch, 132)
+        tiles, _, _, blocks, _ = grid(m, n, k, batch, 132)
         units = tiles * batch * ((k + 31) // 32)
         assert blocks == min(132, units // 8), (m, n, k, batch)   # >= 8 stages per block, <= 1 block per SM
         monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "0")
         assert grid(m, n, k, batch, 132)[3] == 0
         with deterministic():
             monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
-            assert grid(m, n, k, batch, 132)[1:] == [1, tiles * min(batch, 65535), 0]
+            assert grid(m, n, k, batch, 132)[1:4] == [1, tiles * min(batch, 65535), 0]
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K")
     with pytest.raises(RuntimeError, match="sm_count"):
         grid(128, 128, 4096, 1, 0)

@@ -116,7 +116,7 @@ def test_corrected_matmul_split_k_output_starts_from_garbage(gen, monkeypatch, m
     a = random_tensor(gen, (48, 2100), "normal", "cuda")
     b = random_tensor(gen, (2100, 40), "normal", "cuda")
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles, splits, _, stream_k_blocks = torch.ops.wmmae._corrected_matmul_grid(48, 40, 2100, 1, sms)
+    tiles, splits, _, stream_k_blocks, _ = torch.ops.wmmae._corrected_matmul_grid(48, 40, 2100, 1, sms)
     assert splits > 1 and (stream_k_blocks > 1) == (schedule == "stream_k"), "the shape must split K"
     poison = torch.full((48, 40), float("nan"), device="cuda")
     address = poison.data_ptr()
@@ -353,6 +353,37 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
 
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("layout", ["row_row", "col_col", "broadcast_b"])
+def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layout):
+    """Short batched tiles on the wgmma kernel with TMA stages: one round of blocks, each looping over batch
+    entries z, z + slots, ... (_corrected_matmul_grid's last entry). The same bits as the cp.async stages, which
+    launch the full grid (TMA and cp.async stages give the same bits without split-K), partial tiles and a
+    partial k-stage included, and the dot-product bound."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m, n, k = 200, 136, 100  # 2 x 2 tiles, 4 stages (the last partial)
+    batch = 2 * (sms // 4) + 3  # three rounds of sms // 4 slots, as many as the full grid's waves
+    if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] == 0:
+        pytest.skip("the rule does not make this shape persistent on this GPU")
+    a = _strided_matrix(gen, (batch, m, k), m if layout == "col_col" else k, 0, col_major=layout == "col_col")
+    b_shape = (k, n) if layout == "broadcast_b" else (batch, k, n)
+    b = _strided_matrix(gen, b_shape, k if layout == "col_col" else n, 0, col_major=layout == "col_col")
+    outs, kernels = {}, {}
+    for stages in ("1", "0"):
+        monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", stages)
+        with deterministic():
+            kernels[stages] = _launched_kernels(
+                lambda: outs.setdefault(stages, torch_wmmae.corrected_matmul(a, b, method=method)))
+    if _has_sm90_gemm():
+        for stages, tma in (("1", "true"), ("0", "false")):
+            gemm = re.compile(rf"corrected_gemm_sm90_kernel<(true|false), (true|false), {tma},")
+            assert any(gemm.search(name) for name in kernels[stages]), kernels[stages]
+    torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0)
+    assert_matmul_within_dot_product_bound(outs["1"], a, b.expand(batch, k, n), layout)
+
+
+@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape, resident", [((64, 512, 512, 512), True), ((8, 1024, 1024, 1024), True),
                                              ((32, 256, 1024, 512), True), ((256, 128, 128, 128), True),
                                              ((16, 512, 512, 2048), False)],
@@ -463,7 +494,7 @@ def test_corrected_matmul_stream_k(gen, monkeypatch, case, stages, method):
     n = b_shape[-1]
     batch = math.prod(a_shape[:-2])
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles, _, _, blocks = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
+    tiles, _, _, blocks, _ = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
     assert 1 < blocks <= sms and tiles * batch * ((k + 31) // 32) >= 8 * blocks
     out = torch_wmmae.corrected_matmul(a, b, method=method)
     assert_matmul_within_dot_product_bound(out, a, b.expand(*a.shape[:-2], *b.shape), case)

@@ -1095,6 +1095,7 @@ struct GemmLaunch {
   KernelChoice kernels;
   int sm_count;
   const sm90::TmaMaps* tma_maps;
+  unsigned persistent_batch_slots;  // the grid's z extent for the wgmma fp16 kernel with TMA stages, where > 0
 };
 
 // Launches `Kernel` with `smem_bytes` of dynamic shared memory.
@@ -1230,20 +1231,22 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
         sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes, tf32_launch, tf32_args, maps);
   } else {
     using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
+    GemmLaunch fp16_launch = launch;
     if constexpr (kTma) {
+      if (launch.persistent_batch_slots > 0) fp16_launch.grid.z = launch.persistent_batch_slots;
       if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
         constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
         prefer_max_shared_carveout<kernel>();
-        launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args, maps);
+        launch_with_smem<kernel>(Cfg::kSmemBytes, fp16_launch, args, maps);
         return;
       }
     }
     if (sm90_read_back(args)) {
       launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false>>(
-          Cfg::kSmemBytes, launch, args, maps);
+          Cfg::kSmemBytes, fp16_launch, args, maps);
     } else {
       launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false>>(
-          Cfg::kSmemBytes, launch, args, maps);
+          Cfg::kSmemBytes, fp16_launch, args, maps);
     }
   }
 }
@@ -1288,7 +1291,8 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
   const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
-                          stream, overlaps_previous, kernels, sm_count, M == Method::fp16 ? tma_maps : nullptr};
+                          stream, overlaps_previous, kernels, sm_count, M == Method::fp16 ? tma_maps : nullptr,
+                          static_cast<unsigned>(M == Method::fp16 && !stream_k ? plan.persistent_batch_slots : 0)};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
   else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);

@@ -131,6 +131,7 @@ StreamK stream_k_policy() {
 // 15936-16128, 24064-24576, 32064-32640, session 22), but not at 0.973-0.977 from N = 32768 on, where the
 // grid's blocks sum K in one chunk (3% slower; benchmarks/NOTES.md).
 constexpr std::int64_t kMinStreamKStages = 8;
+constexpr std::int64_t kPersistentMaxStages = 32;
 constexpr double kStreamKGain = 0.97;
 constexpr std::int64_t kStreamKPieceStages = 4;
 constexpr std::int64_t kStreamKShortShare = 72;
@@ -151,6 +152,25 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, i
   return gains ? blocks : 0;
 }
 
+// The wgmma fp16 kernel with TMA stages, batched: one round of blocks, each taking batch entries z, z + slots,
+// z + 2 slots, ... of its tile (the kernel loops over them, its ring of stages running on from one to the
+// next), where that needs no more rounds than the full grid has waves and the tiles are short (K <= 1024). A
+// block costs a few microseconds besides its tiles (session 23 measured about 5 of a 21 us tile at 64 x
+// 512^3), and blocks that stay spare some of it. H200, GPU time per call, full grid -> persistent, three
+// rounds: 64 x 512^3 auto 182.1-184.1 -> 178.0-180.4 us, fp16 179.5-180.7 -> 175.4-176.9, both column-major
+// 178.7-179.5 -> 176.8-178.1, 8 x 1024^3 156.9-157.5 -> 154.1-154.9, 64 x 512 x 512 x 256 120.7-120.9 ->
+// 118.0-118.3; but 1000 x 128 x 128 x 4096 (128 stages per tile) 2262-2285 -> 2281-2290, and the other
+// kernels slower: tf32 64 x 512^3 440-444 -> 448-453, cp.async stages 239-240 -> 243-244 (benchmarks/NOTES.md,
+// session 29). 0: keep the grid.
+std::int64_t persistent_batch_slots(std::int64_t tiles, std::int64_t batch, std::int64_t k, int k_splits,
+                                    std::int64_t sms) {
+  const std::int64_t batch_slots = std::min(batch, kMaxGridYZ);
+  if (k_splits != 1 || tiles > sms || gemm_k_stages(k) > kPersistentMaxStages) return 0;
+  const std::int64_t slots = std::max<std::int64_t>(1, sms / tiles);
+  const std::int64_t rounds = (batch + slots - 1) / slots, waves = (tiles * batch + sms - 1) / sms;
+  return slots < batch_slots && rounds <= waves ? slots : 0;
+}
+
 }  // namespace
 
 GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count) {
@@ -162,6 +182,7 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   grid.batch_slots = std::min(batch, kMaxGridYZ);
   grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
   grid.k_per_split = k_per_split(k, grid.k_splits);
+  grid.persistent_batch_slots = persistent_batch_slots(grid.tiles, batch, k, grid.k_splits, sm_count);
   grid.stream_k_blocks =
       stream_k_blocks(grid.tiles * batch, k, grid.k_splits, static_cast<int>(sm_count), stream_k_policy());
   return grid;

@@ -69,6 +69,9 @@ struct GemmGrid {
   std::int64_t k_per_split;  // K elements per split, a multiple of 32
   // Blocks of the wgmma fp16 kernel's stream-K schedule, which it runs instead of this grid when > 0.
   std::int64_t stream_k_blocks;
+  // Batch slots (grid z) of the wgmma fp16 kernel with TMA stages when > 0, which then loops over the batch
+  // entries in one round of blocks (see persistent_batch_slots in matmul_plan.cpp).
+  std::int64_t persistent_batch_slots;
   std::int64_t blocks() const { return tiles * k_splits * batch_slots; }
 };
 
