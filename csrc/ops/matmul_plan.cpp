@@ -131,7 +131,6 @@ StreamK stream_k_policy() {
 // 15936-16128, 24064-24576, 32064-32640, session 22), but not at 0.973-0.977 from N = 32768 on, where the
 // grid's blocks sum K in one chunk (3% slower; benchmarks/NOTES.md).
 constexpr std::int64_t kMinStreamKStages = 8;
-constexpr std::int64_t kPersistentMaxStages = 32;
 constexpr double kStreamKGain = 0.97;
 constexpr std::int64_t kStreamKPieceStages = 4;
 constexpr std::int64_t kStreamKShortShare = 72;
@@ -161,7 +160,9 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, i
 // 178.7-179.5 -> 176.8-178.1, 8 x 1024^3 156.9-157.5 -> 154.1-154.9, 64 x 512 x 512 x 256 120.7-120.9 ->
 // 118.0-118.3; but 1000 x 128 x 128 x 4096 (128 stages per tile) 2262-2285 -> 2281-2290, and the other
 // kernels slower: tf32 64 x 512^3 440-444 -> 448-453, cp.async stages 239-240 -> 243-244 (benchmarks/NOTES.md,
-// session 29). 0: keep the grid.
+// session 29). The kernel runs one block per SM (its registers), so a round is SMs / tiles batch slots. 0: keep
+// the grid.
+constexpr std::int64_t kPersistentMaxStages = 32;
 std::int64_t persistent_batch_slots(std::int64_t tiles, std::int64_t batch, std::int64_t k, int k_splits,
                                     std::int64_t sms) {
   const std::int64_t batch_slots = std::min(batch, kMaxGridYZ);
