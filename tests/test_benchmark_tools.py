@@ -3,6 +3,8 @@ dips are known (no GPU: it only reads result rows)."""
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "paper"))
@@ -66,11 +68,9 @@ def test_sustained_reads_nvidia_smi_samples(tmp_path):
 def test_paper_table_is_up_to_date(tmp_path):
     """benchmarks/results/paper_table.md is what make_table.py makes of the committed result files (it quotes
     corrected_matmul.json's sweep, which each benchmark run replaces: regenerate the table after one)."""
-    import subprocess
-
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    root = pathlib.Path(__file__).resolve().parents[1]
     out = tmp_path / "paper_table.md"
-    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "paper", "make_table.py"), "--out", str(out)],
+    subprocess.run([sys.executable, root / "benchmarks" / "paper" / "make_table.py", "--out", out],
                    check=True, capture_output=True)
-    with open(os.path.join(root, "benchmarks", "results", "paper_table.md")) as committed:
-        assert out.read_text() == committed.read(), "run benchmarks/paper/make_table.py"
+    committed = root / "benchmarks" / "results" / "paper_table.md"
+    assert out.read_text() == committed.read_text(), "run benchmarks/paper/make_table.py"

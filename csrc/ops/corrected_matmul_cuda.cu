@@ -428,8 +428,10 @@ __global__ void __launch_bounds__(kPrepassThreads) zero_workspace_kernel(int* wo
 void launch_zero_workspace(int* workspace, std::int64_t count, int sm_count, cudaStream_t stream) {
   const std::int64_t blocks =
       std::min<std::int64_t>((count + kPrepassThreads - 1) / kPrepassThreads, std::int64_t{sm_count} * 4);
-  zero_workspace_kernel<<<static_cast<unsigned>(blocks), kPrepassThreads, 0, stream>>>(workspace, count);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // (Not overlapped: the pre-pass after it reads A and B before it waits for a grid, so whatever wrote them
+  // must be complete before this kernel starts.)
+  launch_kernel(zero_workspace_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kPrepassThreads), 0, stream,
+                /*overlap=*/false, workspace, count);
 }
 
 // The whole pre-pass of a call in one launch (each kernel boundary costs a few microseconds, which small
