@@ -355,17 +355,24 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["fp16", "auto"])
 @pytest.mark.parametrize("layout", ["row_row", "col_col", "broadcast_b"])
-def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layout):
+@pytest.mark.parametrize("k", [100, 64], ids=["k100", "k64"])
+def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layout, k):
     """Short batched tiles on the wgmma kernel with TMA stages: one round of blocks, each looping over batch
-    entries z, z + slots, ... (_corrected_matmul_grid's last entry). The same bits as the cp.async stages, which
-    launch the full grid (TMA and cp.async stages give the same bits without split-K), partial tiles and a
-    partial k-stage included, and the dot-product bound."""
+    entries z, z + slots, ... (_corrected_matmul_grid's last entry), each tile's last stages issuing the next
+    one's first (k = 100: 4 stages, the last partial; k = 64: 2, fewer than the ring's 3 ahead, so each tile
+    issues its own). "auto" with one row of a middle entry spanning 2^60: the fp16 kernel skips that entry's
+    first row of tiles, whose stages the tile before it issued, and the tf32 kernel takes them. The same bits
+    as the cp.async stages, which launch the full grid (TMA and cp.async stages give the same bits without
+    split-K), partial tiles included, and the dot-product bound."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    m, n, k = 200, 136, 100  # 2 x 2 tiles, 4 stages (the last partial)
+    m, n = 200, 136  # 2 x 2 tiles
     batch = 2 * (sms // 4) + 3  # three rounds of sms // 4 slots, as many as the full grid's waves
     if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] == 0:
         pytest.skip("the rule does not make this shape persistent on this GPU")
     a = _strided_matrix(gen, (batch, m, k), m if layout == "col_col" else k, 0, col_major=layout == "col_col")
+    if method == "auto":
+        a[batch // 2, 7, 1] = 2.0**30
+        a[batch // 2, 7, 2] = 2.0**-30
     b_shape = (k, n) if layout == "broadcast_b" else (batch, k, n)
     b = _strided_matrix(gen, b_shape, k if layout == "col_col" else n, 0, col_major=layout == "col_col")
     outs, kernels = {}, {}
@@ -462,8 +469,9 @@ def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
 
 # Stream-K (TORCH_WMMAE_STREAM_K=1): (a shape, b shape, a column-major, b column-major). Every block's share
 # of the (tile, k-stage) units is cut where it crosses into the next tile; the cases make shares that start
-# and end inside tiles, run across partial tiles and across batch entries, span a chunk boundary of K
-# (chunks of 1024 = 32 stages, shares of about 35 stages here), and read both layouts (TMA and cp.async).
+# and end inside tiles (pieces shorter than the TMA ring too, which issue their own first stages), run across
+# partial tiles and across batch entries, span a chunk boundary of K (chunks of 1024 = 32 stages, shares of
+# about 35 stages here), and read both layouts (TMA and cp.async).
 STREAM_K_CASES = {
     "shares_cross_tiles": ((200, 3000), (3000, 300), False, False),
     "shares_cross_batch_entries": ((3, 130, 700), (700, 129), False, False),

@@ -244,6 +244,14 @@ struct CopyPiece {
   bool a_vec4, b_vec4;  // 16-byte copies possible (vec4_operand)
 };
 
+// TMA: the next piece's box of one warp, whose lane 0 issues that piece's first stages in the current one's
+// last (see issue_ahead): the box's line and batch coordinates, the piece's first k, and how many stages to
+// issue (0: none). In shared memory, written and read by the same thread: in registers they made every TMA
+// instantiation spill.
+struct alignas(16) NextBox {
+  int line, z, k_begin, stages;
+};
+
 template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16>
 struct Config {
   using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
@@ -256,7 +264,8 @@ struct Config {
       kStageBytes + split_buffers<kM>() * 2 * split_tile_bytes<kM>() + LineScales::kBytes;
   static constexpr std::size_t kCopyPieceOffset = (kOutputTileOffset + sizeof(OutputTile) + 7) / 8 * 8;
   static constexpr std::size_t kWorkOffset = kCopyPieceOffset + (kTma ? 0 : sizeof(CopyPiece));
-  static constexpr std::size_t kBarrierOffset = kWorkOffset + sizeof(TileWork);
+  static constexpr std::size_t kNextBoxOffset = (kWorkOffset + 2 * sizeof(TileWork) + 15) / 16 * 16;  // 2: BlockWork
+  static constexpr std::size_t kBarrierOffset = kNextBoxOffset + (kTma ? kThreads / 32 * sizeof(NextBox) : 0);
   static constexpr std::size_t kSmemBytes = kBarrierOffset + (kTma ? kStages * sizeof(std::uint64_t) + 1024 : 0);
   static_assert(kStageBytes % 1024 == 0 || !kTma, "TMA boxes stay 1024-byte aligned");
   static_assert(kBarrierOffset % alignof(std::uint64_t) == 0, "mbarriers are 8-byte aligned");
@@ -342,6 +351,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   auto stage_b_of = [&](int kt) { return stage_b + slot_of(kt) * B::kFloats; };
   std::uint64_t* stage_full = reinterpret_cast<std::uint64_t*>(smem + Cfg::kBarrierOffset);  // TMA only
   OutputTile* out_tile = reinterpret_cast<OutputTile*>(smem + Cfg::kOutputTileOffset);
+  NextBox* next_box = reinterpret_cast<NextBox*>(smem + Cfg::kNextBoxOffset);  // TMA only
   CopyPiece* copy_piece = reinterpret_cast<CopyPiece*>(smem + Cfg::kCopyPieceOffset);  // cp.async stages only
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
@@ -426,6 +436,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   const int tf32_split_off = tf32_split_offset(tf32_n, 4 * tf32_kg);
 
   BlockWork work(reinterpret_cast<TileWork*>(smem + Cfg::kWorkOffset));
+  // TMA: k-stages of the previous piece where it ran its stage loop (0 where it did not), which then issued
+  // this piece's first stages (see issue_ahead).
+  int previous_k_tiles = 0;
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
     const std::int64_t z = piece.z;
     ring_start = __shfl_sync(0xffffffffu, ring_start, 0);  // (the same in every lane: see warp)
@@ -477,9 +490,48 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       mbarrier_wait(stage_full + slot_of(kt), ((ring_start + kt) / kStages) & 1u);
     };
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
-    // The first stages' copies are under way while the line scales load (both wait for global memory).
+    // Stage kt + kStages - 1 of this piece, issued in stage kt as its ring slot frees up; past the piece's end,
+    // the first stages of the block's next piece (stage j into the slot that this piece's stage k_tiles + j
+    // would take: the ring runs on), so that they land while this piece's last products and its flush run
+    // and the next piece starts with them in place. Pieces shorter than kStages - 1 stages leave the next one
+    // to issue its own (its first stages must be issued in order).
+    auto issue_ahead = [&](int kt) {
+      const int ahead = kt + kStages - 1;
+      if (ahead < k_tiles) {
+        issue_tma_stage(ahead);
+        return;
+      }
+      if (lane != 0 || warp >= kTmaBoxes) return;
+      const NextBox next = next_box[warp];
+      const int j = ahead - k_tiles;
+      if (j >= next.stages) return;
+      const int k0 = next.k_begin + j * kBlockK;
+      const int slot = slot_of(ahead);
+      const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
+      mbarrier_arrive_expect_tx(full, box_bytes);
+      tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : next.line,
+                  box_k_inner ? next.line : k0, next.z);
+    };
     if constexpr (kTma) {
-      for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
+      if (lane == 0 && warp < kTmaBoxes) {
+        const TileWork next = work.upcoming();
+        NextBox box_next{0, 0, 0, 0};
+        if (k_tiles >= kStages - 1 && BlockWork::valid(next)) {
+          std::int64_t next_m0, next_n0;
+          tile_origin(m, n, next.tile, next_m0, next_n0);
+          const std::int64_t next_stages = next.stage_end - next.stage_begin;
+          box_next = NextBox{static_cast<int>(box_of_a ? next_m0 : next_n0) + box * 32,
+                             box_batched ? static_cast<int>(next.z) : 0, static_cast<int>(next.stage_begin * kBlockK),
+                             static_cast<int>(min(static_cast<std::int64_t>(kStages - 1), next_stages))};
+        }
+        next_box[warp] = box_next;
+      }
+    }
+    // The first stages' copies are under way while the line scales load (both wait for global memory); the
+    // previous piece may have issued them.
+    if constexpr (kTma) {
+      const int issued = previous_k_tiles < kStages - 1 ? 0 : min(kStages - 1, k_tiles);
+      for (int s = issued; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
     }
     // The pre-pass's line ranges (and zeroed output); A and B were complete before it.
     if constexpr (kBesidePrepass) {
@@ -495,6 +547,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
       }
       ring_start += min(kStages - 1, k_tiles);
+      previous_k_tiles = 0;
       continue;
     }
     if (threadIdx.x == 0) {
@@ -814,7 +867,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
             wgmma_m64n128k8_tf32(corr, a_hi[cur], b_step_lo, 1);
             wgmma_commit();
             if constexpr (kTma) {
-              if (step == 0 && kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+              if (step == 0) issue_ahead(kt);
             }
             wgmma_wait<1>();  // this step's hi*hi and the previous step's corrections are done
             add_hi_products();
@@ -838,7 +891,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
             wgmma_commit();
             wgmma_m64n128k16<kBMnMajor>(corr, a_lo[step], b_step_hi, step == 1 || kt != chunk_begin);
             wgmma_commit();
-            if (step == 0 && kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
+            if (step == 0) issue_ahead(kt);
             wgmma_wait<1>();  // this half's hi*hi, and everything before it, is done
             add_hi_products(0);
             wgmma_fence();
@@ -862,9 +915,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
           wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
           wgmma_commit();
-          if constexpr (kTma) {
-            if (kt + kStages - 1 < k_tiles) issue_tma_stage(kt + kStages - 1);
-          }
+          if constexpr (kTma) issue_ahead(kt);
           wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
           add_hi_products();
           AFragment a_step1;
@@ -889,6 +940,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     }
     cp_async_wait<0>();  // (the barrier of work.next: the next piece rewrites the scales and the stages)
     ring_start += k_tiles;
+    previous_k_tiles = k_tiles;
   }
 #endif
 }

@@ -682,32 +682,34 @@ __device__ inline void tile_origin(std::int64_t m, std::int64_t n, std::int64_t 
 
 // The pieces of work (TileWork) of one GEMM block, one after the other: with stream-K its share of the units
 // (stream_k_share); otherwise tile blockIdx.x, K split blockIdx.y, for batch entries blockIdx.z, blockIdx.z +
-// gridDim.z, ... The current piece lives in shared memory, where thread 0 advances it between two barriers:
-// the wgmma kernel has no registers to spare for a cursor across its stage loop (it spilled).
+// gridDim.z, ... The current piece and the one after it (upcoming: the kernel issues its first stages while
+// the current one ends) live in shared memory, where thread 0 advances them between two barriers: the wgmma
+// kernel has no registers to spare for a cursor across its stage loop (it spilled).
 class BlockWork {
  public:
-  __device__ explicit BlockWork(TileWork* current) : current_(current) {}
+  __device__ explicit BlockWork(TileWork* pieces) : pieces_(pieces) {}  // [current, upcoming]
   static __device__ bool valid(const TileWork& w) { return w.z >= 0; }
   __device__ TileWork first(const GemmArgs& args) {
     if (threadIdx.x == 0) {
-      *current_ = args.stream_k_blocks > 0
-                      ? stream_k_from(args, stream_k_share(blockIdx.x, args.stream_k_blocks, units(args)))
-                      : grid_piece(args, blockIdx.z);
+      pieces_[0] = args.stream_k_blocks > 0
+                       ? stream_k_from(args, stream_k_share(blockIdx.x, args.stream_k_blocks, units(args)))
+                       : grid_piece(args, blockIdx.z);
+      pieces_[1] = after(args, pieces_[0]);
     }
     __syncthreads();
-    return *current_;
+    return pieces_[0];
   }
   __device__ TileWork next(const GemmArgs& args) {
     __syncthreads();  // everyone has read the current piece
     if (threadIdx.x == 0) {
-      const TileWork w = *current_;  // the share goes on where this piece ends
-      *current_ = args.stream_k_blocks > 0
-                      ? stream_k_from(args, (w.z * tiles(args) + w.tile) * k_stages(args) + w.stage_end)
-                      : grid_piece(args, w.z + gridDim.z);
+      pieces_[0] = pieces_[1];
+      pieces_[1] = after(args, pieces_[1]);
     }
     __syncthreads();
-    return *current_;
+    return pieces_[0];
   }
+  // The piece after the current one (not valid() where there is none).
+  __device__ TileWork upcoming() const { return pieces_[1]; }
 
  private:
   __device__ static std::int64_t tiles(const GemmArgs& args) { return gemm_tiles(args.m, args.n); }
@@ -716,6 +718,12 @@ class BlockWork {
     return tiles(args) * args.num_batches * k_stages(args);
   }
   __device__ static TileWork none() { return TileWork{-1, 0, 0, 0}; }
+  __device__ static TileWork after(const GemmArgs& args, const TileWork& w) {
+    if (!valid(w)) return none();
+    return args.stream_k_blocks > 0  // the share goes on where this piece ends
+               ? stream_k_from(args, (w.z * tiles(args) + w.tile) * k_stages(args) + w.stage_end)
+               : grid_piece(args, w.z + gridDim.z);
+  }
   // The piece of this block's stream-K share that starts at `unit`.
   __device__ static TileWork stream_k_from(const GemmArgs& args, std::int64_t unit) {
     const std::int64_t end = stream_k_share(blockIdx.x + 1, args.stream_k_blocks, units(args));
@@ -728,7 +736,7 @@ class BlockWork {
     return TileWork{z, blockIdx.x, blockIdx.y * split_stages,
                     min(k_stages(args), (blockIdx.y + 1) * split_stages)};
   }
-  TileWork* current_;
+  TileWork* pieces_;
 };
 
 // Per-line power-of-two scales of one output tile in shared memory: rows of A, columns of B.
