@@ -470,12 +470,14 @@ def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
 # Stream-K (TORCH_WMMAE_STREAM_K=1): (a shape, b shape, a column-major, b column-major). Every block's share
 # of the (tile, k-stage) units is cut where it crosses into the next tile; the cases make shares that start
 # and end inside tiles (pieces shorter than the TMA ring too, which issue their own first stages), run across
-# partial tiles and across batch entries, span a chunk boundary of K (chunks of 1024 = 32 stages, shares of
-# about 35 stages here), and read both layouts (TMA and cp.async).
+# partial tiles and across batch entries, span a chunk boundary of K (chunks of 1024 = 32 stages: shares of
+# about 62 stages), or end up to 4 stages past one (about 35: one chunk), and read both layouts (TMA and
+# cp.async).
 STREAM_K_CASES = {
     "shares_cross_tiles": ((200, 3000), (3000, 300), False, False),
     "shares_cross_batch_entries": ((3, 130, 700), (700, 129), False, False),
-    "long_shares_cross_chunks": ((512, 9216), (9216, 512), False, False),
+    "long_shares_cross_chunks": ((512, 16384), (16384, 512), False, False),
+    "shares_a_little_over_a_chunk": ((512, 9216), (9216, 512), False, False),
     "a_col_b_col": ((200, 3000), (3000, 300), True, True),
     "b_col_odd_sizes": ((17, 1000), (1000, 1000), False, True),
 }
