@@ -436,7 +436,11 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   const int tf32_split_off = tf32_split_offset(tf32_n, 4 * tf32_kg);
 
   BlockWork work(reinterpret_cast<TileWork*>(smem + Cfg::kWorkOffset));
-  // TMA: k-stages of the previous piece where it ran its stage loop (0 where it did not), which then issued
+  // TMA stages: a piece's last stages issue the next piece's first (see issue_ahead). Not where both operands
+  // are column-major beside the resident pre-pass: under that instantiation's 240 registers the code put 17
+  // local-memory accesses into its stage loop (0 without it).
+  constexpr bool kIssueNextPiece = kTma && !(kBesidePrepass && !kARowMajor && !kBRowMajor);
+  // k-stages of the previous piece where it ran its stage loop (0 where it did not), which then issued
   // this piece's first stages (see issue_ahead).
   int previous_k_tiles = 0;
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
@@ -501,7 +505,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         issue_tma_stage(ahead);
         return;
       }
-      if (lane != 0 || warp >= kTmaBoxes) return;
+      if (!kIssueNextPiece || lane != 0 || warp >= kTmaBoxes) return;
       const NextBox next = next_box[warp];
       const int j = ahead - k_tiles;
       if (j >= next.stages) return;
@@ -512,7 +516,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : next.line,
                   box_k_inner ? next.line : k0, next.z);
     };
-    if constexpr (kTma) {
+    if constexpr (kIssueNextPiece) {
       if (lane == 0 && warp < kTmaBoxes) {
         const TileWork next = work.upcoming();
         NextBox box_next{0, 0, 0, 0};
@@ -530,7 +534,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // The first stages' copies are under way while the line scales load (both wait for global memory); the
     // previous piece may have issued them.
     if constexpr (kTma) {
-      const int issued = previous_k_tiles < kStages - 1 ? 0 : min(kStages - 1, k_tiles);
+      const int issued = !kIssueNextPiece || previous_k_tiles < kStages - 1 ? 0 : min(kStages - 1, k_tiles);
       for (int s = issued; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
     }
     // The pre-pass's line ranges (and zeroed output); A and B were complete before it.
