@@ -477,16 +477,19 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     const std::uint32_t box_dst = box_of_a ? smem_address(stage_a + box * A::kBoxFloats)
                                            : smem_address(stage_b + box * B::kBoxFloats);  // in slot 0
     const std::uint32_t k_begin32 = static_cast<std::uint32_t>(k_begin);
-    // Box `warp` of stage kt of this tile into ring slot slot_of(kt), counted on the slot's barrier (a no-op
-    // in lanes other than 0 and in warps without a box).
-    auto issue_tma_stage = [&](int kt) {
-      if (lane != 0 || warp >= kTmaBoxes) return;
+    // This warp's box at k0 of `line` (its map's outer coordinate where k is inner) of batch entry batch_z into
+    // the ring slot of this piece's stage kt, counted on the slot's barrier (lane 0 of a warp with a box).
+    auto issue_box = [&](int kt, int k0, int line, int batch_z) {
       const int slot = slot_of(kt);
       const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
-      const int k0 = static_cast<int>(k_begin32 + kt * kBlockK);
       mbarrier_arrive_expect_tx(full, box_bytes);
-      tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : box_line,
-                  box_k_inner ? box_line : k0, box_z);
+      tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : line, box_k_inner ? line : k0,
+                  batch_z);
+    };
+    // Box `warp` of stage kt of this tile (a no-op in lanes other than 0 and in warps without a box).
+    auto issue_tma_stage = [&](int kt) {
+      if (lane != 0 || warp >= kTmaBoxes) return;
+      issue_box(kt, static_cast<int>(k_begin32 + kt * kBlockK), box_line, box_z);
     };
     // Each slot's barrier completes a phase per stage that lands in it: stage ring_start + kt is its slot's
     // use number (ring_start + kt) / kStages, so it waits for that parity.
@@ -508,13 +511,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       if (!kIssueNextPiece || lane != 0 || warp >= kTmaBoxes) return;
       const NextBox next = next_box[warp];
       const int j = ahead - k_tiles;
-      if (j >= next.stages) return;
-      const int k0 = next.k_begin + j * kBlockK;
-      const int slot = slot_of(ahead);
-      const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
-      mbarrier_arrive_expect_tx(full, box_bytes);
-      tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : next.line,
-                  box_k_inner ? next.line : k0, next.z);
+      if (j < next.stages) issue_box(ahead, next.k_begin + j * kBlockK, next.line, next.z);
     };
     if constexpr (kIssueNextPiece) {
       if (lane == 0 && warp < kTmaBoxes) {
