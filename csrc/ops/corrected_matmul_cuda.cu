@@ -85,14 +85,23 @@ struct RangeArrays {
     }
     if (r.nonfinite) atomicOr(nonfinite + i, 1);
   }
+  // The three words are loaded together, so that a GEMM tile waits for one round trip to global memory for
+  // its line ranges. (Written as plain loads, the compiler loaded the smallest exponent only once the largest
+  // had come back non-zero: two round trips at each tile's start. H200, same run: 64 x 512^3 per call 1-2%
+  // faster with one.)
   __device__ ExponentRange load(std::int64_t i) const {
-    const int max_code = max_exp_code[i];
-    if (max_code == 0) {
-      ExponentRange empty = empty_exponent_range();
-      empty.nonfinite = nonfinite[i] != 0;
-      return empty;
-    }
-    return ExponentRange{max_code - kExponentBias, kExponentBias - min_exp_code[i], nonfinite[i] != 0};
+    const int max_code = load_word(max_exp_code + i), min_code = load_word(min_exp_code + i);
+    const bool any_nonfinite = load_word(nonfinite + i) != 0;
+    ExponentRange range = empty_exponent_range();
+    if (max_code != 0) range = ExponentRange{max_code - kExponentBias, kExponentBias - min_code, false};
+    range.nonfinite = any_nonfinite;
+    return range;
+  }
+  // A plain load that stays where it is written (asm volatile: not moved into a later branch).
+  __device__ static int load_word(const int* p) {
+    int v;
+    asm volatile("ld.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
   }
 };
 
