@@ -161,15 +161,14 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, i
 // 118.0-118.3; but 1000 x 128 x 128 x 4096 (128 stages per tile) 2262-2285 -> 2281-2290, and the other
 // kernels slower: tf32 64 x 512^3 440-444 -> 448-453, cp.async stages 239-240 -> 243-244 (benchmarks/NOTES.md,
 // session 29). The kernel runs one block per SM (its registers), so a round is SMs / tiles batch slots. 0: keep
-// the grid.
+// `grid` (its tiles, K splits and batch slots are set).
 constexpr std::int64_t kPersistentMaxStages = 32;
-std::int64_t persistent_batch_slots(std::int64_t tiles, std::int64_t batch, std::int64_t k, int k_splits,
-                                    std::int64_t sms) {
-  const std::int64_t batch_slots = std::min(batch, kMaxGridYZ);
-  if (k_splits != 1 || tiles > sms || gemm_k_stages(k) > kPersistentMaxStages) return 0;
+std::int64_t persistent_batch_slots(const GemmGrid& grid, std::int64_t batch, std::int64_t k, std::int64_t sms) {
+  const std::int64_t tiles = grid.tiles;
+  if (grid.k_splits != 1 || tiles > sms || gemm_k_stages(k) > kPersistentMaxStages) return 0;
   const std::int64_t slots = std::max<std::int64_t>(1, sms / tiles);
   const std::int64_t rounds = (batch + slots - 1) / slots, waves = (tiles * batch + sms - 1) / sms;
-  return slots < batch_slots && rounds <= waves ? slots : 0;
+  return slots < grid.batch_slots && rounds <= waves ? slots : 0;
 }
 
 }  // namespace
@@ -183,7 +182,7 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   grid.batch_slots = std::min(batch, kMaxGridYZ);
   grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
   grid.k_per_split = k_per_split(k, grid.k_splits);
-  grid.persistent_batch_slots = persistent_batch_slots(grid.tiles, batch, k, grid.k_splits, sm_count);
+  grid.persistent_batch_slots = persistent_batch_slots(grid, batch, k, sm_count);
   grid.stream_k_blocks =
       stream_k_blocks(grid.tiles * batch, k, grid.k_splits, static_cast<int>(sm_count), stream_k_policy());
   return grid;
