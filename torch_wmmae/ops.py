@@ -51,7 +51,8 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
 
 @torch.library.register_fake("wmmae::corrected_matmul")
 def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
-    # (The messages of the C++ checks, so that eager and compiled calls fail alike.)
+    # The C++ checks of the method, dtypes and shapes, with their messages, so that eager and compiled calls
+    # fail alike. The layout and device checks run with the real kernel.
     torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '{method}'")
     torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
     torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
@@ -96,7 +97,8 @@ def batched_outer(
 
 @torch.library.register_fake("wmmae::batched_outer")
 def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.0, out_dtype=None) -> Tensor:
-    # (The messages of the C++ checks, in their order, so that eager and compiled calls fail alike.)
+    # The C++ checks that depend only on dtypes and shapes, with their messages and in their order, so that
+    # eager and compiled calls fail alike. The layout and device checks run with the real kernel.
     torch._check(u.dim() >= 1, lambda: "batched_outer: argument 'u' must have shape (..., n), got a 0-d tensor")
     torch._check(u.dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'u' must be float16, bfloat16 or float32, got {u.dtype}")
     if v is not None:
@@ -133,7 +135,8 @@ def fragment_map(
             ``"float"``, ``"half"``, ``"int32"``, ``"double"`` for accumulators.
         layout: ``"row_major"`` or ``"col_major"`` for operands, ``None`` for accumulators.
         arch: compute capability (70, 75, 80, 86, 89, 90): the analytic table, on the CPU.
-        device: a CUDA device: the layout measured on that GPU with ``load_matrix_sync``.
+        device: a CUDA device of compute capability 8.0 or newer: the layout measured on that GPU with
+            ``load_matrix_sync``.
     Exactly one of ``arch`` and ``device`` must be given.
     """
     if (arch is None) == (device is None):

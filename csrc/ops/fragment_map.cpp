@@ -30,8 +30,8 @@ at::Tensor analytic_table(const FragmentSpec& spec, std::int64_t arch) {
                        (spec.use == Use::accumulator ? (spec.elem == Elem::f32 || spec.elem == Elem::half)
                                                      : spec.elem == Elem::half);
     TORCH_CHECK(known, "fragment_map: no analytic sm_70 table for ", spec.describe(),
-                " (only m16n16k16 half operands with float or half accumulators); measure it on a GPU with "
-                "fragment_map(..., device='cuda')");
+                " (only m16n16k16 half operands with float or half accumulators), and device= measures only "
+                "GPUs of compute capability 8.0 or newer");
     return table_from(wmmae::sm70_num_elements(spec.use, spec.elem), [&](int lane, int x) {
       return wmmae::sm70_at(spec.use, spec.order, spec.elem, lane, x);
     });
@@ -39,7 +39,8 @@ at::Tensor analytic_table(const FragmentSpec& spec, std::int64_t arch) {
   const wmmae::CoreLayout layout =
       arch == 75 ? wmmae::sm75_layout(spec.use, spec.m, spec.n, spec.k, spec.elem) : require_sm80_layout(spec);
   TORCH_CHECK(layout.num_elements > 0, "fragment_map: no analytic sm_75 table for ", spec.describe(),
-              " (only the m16n16k16 half fragments); measure it on a GPU with fragment_map(..., device='cuda')");
+              " (only the m16n16k16 half operands with float or half accumulators), and device= measures only GPUs "
+              "of compute capability 8.0 or newer");
   return table_from(layout.num_elements, [&](int lane, int x) { return layout.at(lane, x); });
 }
 
