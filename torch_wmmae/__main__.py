@@ -66,8 +66,9 @@ def slack(k: int) -> float:
     """How much larger than torch.matmul's float32 error ours may be (the test suite uses the same rules, plus
     3 for K <= 32, and documents the measurements): 1.5 for the fluctuation of two errors of the same size;
     4 for K >= 1000, where torch's float32 GEMM may sum in blocks (MKL's sgemm on the CPU keeps many SIMD
-    partial sums; cuBLAS may split K), which grows its error much more slowly than one accumulator per output. The
-    accuracy promised by the method, that of a float32 SIMT GEMM, is checked separately and strictly."""
+    partial sums; cuBLAS may split K), which grows its error much more slowly than one accumulator per
+    output. The accuracy promised by the method, that of a float32 SIMT GEMM, is checked separately and
+    strictly."""
     return 4.0 if k >= 1000 else 1.5
 
 

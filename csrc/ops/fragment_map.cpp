@@ -25,22 +25,18 @@ at::Tensor table_from(int num_elements, const std::function<wmmae::RowCol(int, i
 }
 
 at::Tensor analytic_table(const FragmentSpec& spec, std::int64_t arch) {
+  if (arch == 70 || arch == 75) {
+    TORCH_CHECK(wmmae::sm7x_has_table(spec.use, spec.m, spec.n, spec.k, spec.elem), "fragment_map: no analytic sm_",
+                arch, " table for ", spec.describe(), " (only m16n16k16 half operands with float or half "
+                "accumulators), and device= measures only GPUs of compute capability 8.0 or newer");
+  }
   if (arch == 70) {
-    const bool known = spec.m == 16 && spec.n == 16 && spec.k == 16 &&
-                       (spec.use == Use::accumulator ? (spec.elem == Elem::f32 || spec.elem == Elem::half)
-                                                     : spec.elem == Elem::half);
-    TORCH_CHECK(known, "fragment_map: no analytic sm_70 table for ", spec.describe(),
-                " (only m16n16k16 half operands with float or half accumulators), and device= measures only "
-                "GPUs of compute capability 8.0 or newer");
     return table_from(wmmae::sm70_num_elements(spec.use, spec.elem), [&](int lane, int x) {
       return wmmae::sm70_at(spec.use, spec.order, spec.elem, lane, x);
     });
   }
   const wmmae::CoreLayout layout =
       arch == 75 ? wmmae::sm75_layout(spec.use, spec.m, spec.n, spec.k, spec.elem) : require_sm80_layout(spec);
-  TORCH_CHECK(layout.num_elements > 0, "fragment_map: no analytic sm_75 table for ", spec.describe(),
-              " (only the m16n16k16 half operands with float or half accumulators), and device= measures only GPUs "
-              "of compute capability 8.0 or newer");
   return table_from(layout.num_elements, [&](int lane, int x) { return layout.at(lane, x); });
 }
 

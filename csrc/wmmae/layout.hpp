@@ -166,11 +166,16 @@ WMMAE_HD constexpr CoreLayout sm80_layout(Use use, int m, int n, int k, Elem ele
   return CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
 }
 
+// The fragments that the sm_70 and sm_75 tables cover: m16n16k16 half operands with float or half
+// accumulators.
+WMMAE_HD constexpr bool sm7x_has_table(Use use, int m, int n, int k, Elem elem) {
+  return m == 16 && n == 16 && k == 16 && (elem == Elem::half || (use == Use::accumulator && elem == Elem::f32));
+}
+
 // sm_75 shares sm_80's m16n16k16 half layouts; its other shapes have not been measured.
 WMMAE_HD constexpr CoreLayout sm75_layout(Use use, int m, int n, int k, Elem elem) {
-  const bool known = m == 16 && n == 16 && k == 16 &&
-                     (elem == Elem::half || (use == Use::accumulator && elem == Elem::f32));
-  return known ? sm80_layout(use, m, n, k, elem) : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+  return sm7x_has_table(use, m, n, k, elem) ? sm80_layout(use, m, n, k, elem)
+                                            : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
 }
 
 // The diagonal rule (diagonal_key / diagonal_offset) against CoreLayout::at, for every lane and element.
