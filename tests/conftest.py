@@ -8,6 +8,7 @@ own data and a failure reproduces exactly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 
@@ -109,6 +110,22 @@ def deterministic(enabled: bool = True):
         yield
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+def launched_kernels(fn) -> list[tuple[str, int]]:
+    """(name, device index) of every CUDA kernel (and memset or copy) that fn() launches, on any device."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+    return [(e.name, e.device_index) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@functools.lru_cache(maxsize=None)
+def profiler_records_kernels() -> bool:
+    """Whether torch.profiler sees CUDA kernels in this process (not under compute-sanitizer, which holds
+    CUPTI's one subscription): tests check which kernels ran only where it does."""
+    return torch.cuda.is_available() and bool(launched_kernels(lambda: torch.ones(8, device="cuda").add_(1)))
 
 
 def child_process_env(**extra: str) -> dict:

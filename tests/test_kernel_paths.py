@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import DEVICES, deterministic, random_tensor, random_tensor_in_layout, requires_cuda
+from conftest import DEVICES, deterministic, launched_kernels, random_tensor, random_tensor_in_layout, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -163,10 +163,7 @@ def test_corrected_matmul_workspace_starts_from_garbage(gen, case):
 
 def _launched_kernels(fn) -> list[str]:
     """The names of the CUDA kernels that fn() launches."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [name for name, _ in launched_kernels(fn)]
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
-from conftest import child_process_env, deterministic, random_tensor, rel_err
+from conftest import child_process_env, deterministic, launched_kernels, profiler_records_kernels, random_tensor, rel_err
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -103,6 +103,68 @@ def test_both_devices_at_once_give_the_same_bits(gen):
     assert_matmul_within_dot_product_bound(results[0][0], a, b)
     # The GPU contract (one ulp of tensor-core accumulation on the diagonal), so the CUDA tensors.
     assert_outer_correct(outs[0][1], u.to(outs[0][1].device), None, 1.5, None)
+
+
+def _batch_of_persistent_slots(m: int, n: int, k: int, dev: torch.device) -> int:
+    """A batch size that corrected_matmul's plan runs as persistent batch slots on `dev` (three rounds)."""
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    batch = 2 * (sms // 4) + 3
+    return batch if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] else 0
+
+
+# Each schedule of corrected_matmul's CUDA GEMM (see README "Kernel design"): (a shape, b shape, environment,
+# deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
+# persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its tf32 GEMM),
+# stream-K and split-K (atomics: bound only, not bits).
+SCHEDULES = {
+    "resident_prepass": ((6, 200, 300), (6, 300, 136), {}, True, "fp16", "resident_prepass_kernel"),
+    "persistent_batch_slots": ((None, 200, 100), (None, 100, 136), {}, True, "fp16", None),
+    "auto_tf32_tiles": ((6, 200, 300), (6, 300, 136), {}, True, "auto", "corrected_gemm_sm90_tf32_kernel"),
+    "stream_k": ((200, 3000), (3000, 300), {"TORCH_WMMAE_STREAM_K": "1"}, False, "fp16", None),
+    "split_k": ((2, 64, 8192), (2, 8192, 64), {}, False, "fp16", None),
+}
+
+
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.usefixtures("ieee_fp32")
+@requires_two_gpus
+@pytest.mark.gpu
+def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedule, current, target):
+    """Inputs on cuda:target while cuda:current is current: every kernel of the call runs on cuda:target
+    (the resident pre-pass's counts, the workspace, the TMA maps and the per-device launch settings are that
+    device's), the result is within the dot-product bound, and where the schedule is deterministic it has
+    the bits of the same call on the other GPU."""
+    a_shape, b_shape, env, exact, method, kernel = SCHEDULES[schedule]
+    for key in ("TORCH_WMMAE_STREAM_K", "TORCH_WMMAE_RESIDENT_PREPASS", "TORCH_WMMAE_SM90_TMA",
+                "TORCH_WMMAE_PORTABLE_GEMM"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    dev, other = torch.device("cuda", target), torch.device("cuda", current)
+    if a_shape[0] is None:
+        batch = _batch_of_persistent_slots(a_shape[1], b_shape[2], a_shape[2], dev)
+        if not batch:
+            pytest.skip("the plan runs no persistent batch slots on this GPU")
+        a_shape, b_shape = (batch, *a_shape[1:]), (batch, *b_shape[1:])
+    a = random_tensor(gen, a_shape, "normal", dev)
+    b = random_tensor(gen, b_shape, "normal", dev)
+    if method == "auto":  # one row of entry 3 spans 2^60: its row of tiles goes to the tf32 GEMM
+        a[3, 7, 1], a[3, 7, 2] = 2.0**30, 2.0**-30
+    out = {}
+    with torch.cuda.device(current), deterministic(exact):
+        kernels = launched_kernels(lambda: out.setdefault(target, corrected_matmul(a, b, method=method)))
+        out[current] = corrected_matmul(a.to(other), b.to(other), method=method)
+        torch.cuda.synchronize(other)
+        assert torch.cuda.current_device() == current
+    if profiler_records_kernels():
+        assert kernels and all(index == target for _, index in kernels), kernels
+        if kernel and any("sm90" in name for name, _ in kernels):  # (a Hopper build on a Hopper GPU)
+            assert any(kernel in name for name, _ in kernels), kernels
+    assert out[target].device == dev
+    assert_matmul_within_dot_product_bound(out[target], a, b, f"{schedule} on {dev}: ")
+    if exact:
+        assert torch.equal(out[target].cpu(), out[current].cpu())
 
 
 MIXED = {
