@@ -409,6 +409,34 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
 
 @requires_cuda
 @pytest.mark.gpu
+def test_corrected_matmul_resident_prepass_over_many_calls(gen, monkeypatch):
+    """The block scheduler places the resident pre-pass's blocks as it likes, sometimes two or more on one SM
+    (which then has no room for a GEMM block); such a block exits at once and the others take every item from
+    a shared counter. Over many calls, with whatever placements they get, every item is folded exactly once:
+    one element of each row of a and column of b is 2^40 times larger, so a band of lines left out would
+    leave their fp16 scales far too large, and the output would differ from the grid pre-pass's."""
+    batch, m, k, n = 32, 256, 512, 256
+    monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
+    a = random_tensor(gen, (batch, m, k), "normal", "cuda")
+    b = random_tensor(gen, (batch, k, n), "normal", "cuda")
+    with deterministic():  # (no split-K, which the resident pre-pass does not run beside)
+        if _has_sm90_gemm():
+            kernels = _launched_kernels(lambda: torch_wmmae.corrected_matmul(a, b, method="fp16"))
+            assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels), kernels
+        assert_matmul_within_dot_product_bound(torch_wmmae.corrected_matmul(a, b, method="fp16"), a, b, "plain")
+        for z in range(batch):
+            _with_large_element_per_line(a[z], 0)
+            _with_large_element_per_line(b[z], 1)
+        for call in range(40):
+            monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
+            resident = torch_wmmae.corrected_matmul(a, b, method="fp16")
+            monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", "0")
+            grid = torch_wmmae.corrected_matmul(a, b, method="fp16")
+            torch.testing.assert_close(resident, grid, rtol=0, atol=0, equal_nan=True, msg=f"call {call}")
+
+
+@requires_cuda
+@pytest.mark.gpu
 def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
     """A call with the pre-pass beside the GEMM replays from a CUDA graph with fresh inputs (the launch
     order, the counts' zeroing and the dependent launches are captured) and gives the eager bits."""

@@ -1216,6 +1216,8 @@ bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const L
   prepass.items_per_batch = static_cast<int>(items_per_batch);
   prepass.items = static_cast<int>(items_per_batch * args.num_batches);
   prepass.items_done = items_done;
+  prepass.next_item = items_done + args.num_batches;
+  prepass.sm_claims = prepass.next_item + 1;
   const unsigned blocks = static_cast<unsigned>(std::min(sm_count, prepass.items));  // one block per SM
   constexpr auto kernel = sm90::resident_prepass_kernel<kARowMajor, kBRowMajor>;
   prefer_max_shared_carveout<kernel>();  // (and the GEMM's beside it: see launch_sm90)
@@ -1393,11 +1395,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #endif
     // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
     // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending; then
-    // the resident pre-pass's counts per batch entry.
+    // the resident pre-pass's counts per batch entry, its next item and its SM claims (ResidentPrepassArgs).
     const std::int64_t per = plan.batch * (plan.m + plan.n);
+    const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
     // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
     // host 1.4-12 us more per call: H200, two same-build pairs of runs).
-    ranges = at::empty({3 * per + 1 + (resident ? plan.batch : 0)}, a.options().dtype(at::kInt));  // see RangeArrays
+    ranges = at::empty({3 * per + 1 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
     int* base = ranges.data_ptr<int>();
     launch_zero_workspace(base, ranges.numel(), sm_count, stream);
     args.tf32_tiles_pending = base + 3 * per;

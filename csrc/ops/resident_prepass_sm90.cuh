@@ -11,6 +11,12 @@
 // entries the pre-pass runs ahead of the GEMM, or keeps pace (see resident_prepass_applies for where it is
 // used).
 //
+// One pre-pass block per SM is not something a launch can ask for: the block scheduler sometimes puts two or
+// more on one SM (H100, 64 x 512^3: 5-66 SMs in 8 of 55 calls), and such an SM has no room for a GEMM block,
+// which then started only when a pre-pass block ended, 60 us or more late. So a block that finds another
+// pre-pass block on its SM exits at once, and the blocks take their items from a counter, in order, rather
+// than by block index.
+//
 // A block's unit of work (an item) is the ranges of 128 lines (rows of A or columns of B) over a band of
 // kResidentBandStages k-stages of 32, merged into the line ranges by atomics as in the grid form; each warp
 // folds 32 of the lines. Each stage of an item comes by TMA with the GEMM's own maps and boxes (StageTile's
@@ -36,7 +42,10 @@ constexpr int kResidentLines = kBlockM;      // lines per item: one tile's rows 
 constexpr int kResidentBandStages = 4;       // k-stages per item (128 k, 64 KB)
 constexpr int kResidentSlots = 2;            // the block's ring of stage tiles
 constexpr std::uint32_t kResidentStageBytes = sizeof(float) * kResidentLines * kBlockK;
-constexpr std::size_t kResidentSmemBytes = kResidentSlots * kResidentStageBytes + 1024 + kResidentSlots * 8;
+// The ring, its alignment, its mbarriers and the next item's index (see resident_prepass_kernel).
+constexpr std::size_t kResidentSmemBytes = kResidentSlots * kResidentStageBytes + 1024 + kResidentSlots * 8 + 8;
+// SM ids (%smid) that the blocks claim in the workspace; an SM id beyond them is not claimed.
+constexpr int kResidentSmClaims = 1024;
 static_assert(kResidentLines == kBlockN, "an item covers one tile's rows of A or columns of B");
 static_assert(kResidentLines == 32 * kResidentWarps, "a warp folds 32 lines of an item");
 
@@ -47,6 +56,8 @@ struct ResidentPrepassArgs {
   int items_per_batch;           // (line_tiles[0] + line_tiles[1]) * bands
   int items;                     // items_per_batch * batch entries (32 bits: the host checks)
   int* items_done;               // [num_batches]: items finished, released after their ranges are merged
+  int* next_item;                // items handed out so far (zeroed with the workspace)
+  int* sm_claims;                // [kResidentSmClaims]: pre-pass blocks that started on each SM (zeroed)
 };
 
 // One block per SM (the grid is at most the SM count). Element (line l, k c) of a stage tile lies where
@@ -62,6 +73,7 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
   unsigned char* smem = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;
   const float* ring = reinterpret_cast<const float*>(smem);
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + kResidentSlots * kResidentStageBytes);
+  int* next_item = reinterpret_cast<int*>(full + kResidentSlots);  // thread 0's fetch, for the whole block
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kResidentSlots; ++s) mbarrier_init(full + s, 1);
@@ -107,12 +119,31 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
   };
 
   std::uint32_t t = 0;  // stages this block has put through its ring
-  if (static_cast<int>(blockIdx.x) < total) issue(item_at(blockIdx.x), 0, 0);
-  // The workspace's zeroing (zero_workspace_kernel, which this grid overlaps) has ended before the first merge
-  // and before the GEMM, which reads the counts without waiting for a grid, starts.
+  // The workspace's zeroing (zero_workspace_kernel, which this grid overlaps) has ended before the SM claims,
+  // the first item and the first merge, and before the GEMM, which reads the counts without waiting for a
+  // grid, starts.
   wait_for_prior_grid();
-  allow_dependent_grid();  // the GEMM's blocks may take the rest of each SM now
-  for (int i = blockIdx.x; i < total; i += gridDim.x) {
+  if (threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const bool second_on_sm = sm < kResidentSmClaims && atomicAdd(args.sm_claims + sm, 1) != 0;
+    const int first = second_on_sm ? total : atomicAdd(args.next_item, 1);
+    *next_item = first;
+    if (first < total) issue(item_at(first), 0, 0);
+  }
+  __syncthreads();
+  int i = *next_item;
+  __syncthreads();  // (every thread has read it before thread 0 writes the next one)
+  allow_dependent_grid();  // the GEMM's blocks may take the rest of each SM now (or all of it: see below)
+  // A second pre-pass block on an SM ends here, leaving room for a GEMM block; so does one that finds no item.
+  while (i < total) {
+    // The item after this one (thread 0, for its issue in this item's last stage), read by every thread after
+    // the stage loop's barriers and before the barrier that lets thread 0 fetch the one after it.
+    int next = total;
+    if (threadIdx.x == 0) {
+      next = atomicAdd(args.next_item, 1);
+      *next_item = next;
+    }
     const Item it = item_at(i);
     const bool k_inner = it.operand == 0 ? kARowMajor : !kBRowMajor;
     // k-inner: this lane's line in keys[0]; line-inner: its four lines' keys over its k rows.
@@ -123,8 +154,8 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
       // at the end of the previous stage (__syncthreads below).
       if (s + 1 < it.stages) {
         issue(it, s + 1, (t + 1) % kResidentSlots);
-      } else if (i + static_cast<int>(gridDim.x) < total) {
-        issue(item_at(i + gridDim.x), 0, (t + 1) % kResidentSlots);
+      } else if (next < total) {  // (thread 0 only: the others' `next` is total)
+        issue(item_at(next), 0, (t + 1) % kResidentSlots);
       }
       const int slot = t % kResidentSlots;
       mbarrier_wait(full + slot, (t / kResidentSlots) & 1u);
@@ -173,6 +204,7 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
       }
       __syncthreads();
     }
+    next = *next_item;
     const LinesArgs& lines = args.lines[it.operand];
     const std::int64_t k_begin = static_cast<std::int64_t>(it.stage0) * kBlockK;
     const std::int64_t k_end = min(lines.length, k_begin + static_cast<std::int64_t>(it.stages) * kBlockK);
@@ -212,6 +244,7 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
     if (threadIdx.x == 0) {
       asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(args.items_done + it.z) : "memory");
     }
+    i = next;
   }
 #endif
 }
