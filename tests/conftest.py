@@ -128,6 +128,15 @@ def profiler_records_kernels() -> bool:
     return torch.cuda.is_available() and bool(launched_kernels(lambda: torch.ones(8, device="cuda").add_(1)))
 
 
+def persistent_slots_batch(m: int, n: int, k: int, device="cuda") -> int:
+    """A batch of m x k @ k x n products that corrected_matmul's plan runs as persistent batch slots on `device`
+    (three rounds of SMs / 4 slots, as many as the full grid's waves: _corrected_matmul_grid's last entry), or
+    0 where the plan keeps the grid."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    batch = 2 * (sms // 4) + 3
+    return batch if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] else 0
+
+
 def child_process_env(**extra: str) -> dict:
     """The environment for a Python child process that must import the torch_wmmae these tests imported (an
     in-place build too, not whatever else is on the child's path)."""

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import DEVICES, deterministic, launched_kernels, random_tensor, random_tensor_in_layout, requires_cuda
+from conftest import (DEVICES, deterministic, launched_kernels, persistent_slots_batch, random_tensor,
+                      random_tensor_in_layout, requires_cuda)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -361,10 +362,9 @@ def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layou
     first row of tiles, whose stages the tile before it issued, and the tf32 kernel takes them. The same bits
     as the cp.async stages, which launch the full grid (TMA and cp.async stages give the same bits without
     split-K), partial tiles included, and the dot-product bound."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     m, n = 200, 136  # 2 x 2 tiles
-    batch = 2 * (sms // 4) + 3  # three rounds of sms // 4 slots, as many as the full grid's waves
-    if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] == 0:
+    batch = persistent_slots_batch(m, n, k)
+    if batch == 0:
         pytest.skip("the rule does not make this shape persistent on this GPU")
     a = _strided_matrix(gen, (batch, m, k), m if layout == "col_col" else k, 0, col_major=layout == "col_col")
     if method == "auto":

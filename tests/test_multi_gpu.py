@@ -17,7 +17,8 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
-from conftest import child_process_env, deterministic, launched_kernels, profiler_records_kernels, random_tensor, rel_err
+from conftest import (child_process_env, deterministic, launched_kernels, persistent_slots_batch,
+                      profiler_records_kernels, random_tensor, rel_err)
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -105,13 +106,6 @@ def test_both_devices_at_once_give_the_same_bits(gen):
     assert_outer_correct(outs[0][1], u.to(outs[0][1].device), None, 1.5, None)
 
 
-def _batch_of_persistent_slots(m: int, n: int, k: int, dev: torch.device) -> int:
-    """A batch size that corrected_matmul's plan runs as persistent batch slots on `dev` (three rounds)."""
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    batch = 2 * (sms // 4) + 3
-    return batch if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] else 0
-
-
 # Each schedule of corrected_matmul's CUDA GEMM (see README "Kernel design"): (a shape, b shape, environment,
 # deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
 # persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its tf32 GEMM),
@@ -143,7 +137,7 @@ def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedul
         monkeypatch.setenv(key, value)
     dev, other = torch.device("cuda", target), torch.device("cuda", current)
     if a_shape[0] is None:
-        batch = _batch_of_persistent_slots(a_shape[1], b_shape[2], a_shape[2], dev)
+        batch = persistent_slots_batch(a_shape[1], b_shape[2], a_shape[2], dev)
         if not batch:
             pytest.skip("the plan runs no persistent batch slots on this GPU")
         a_shape, b_shape = (batch, *a_shape[1:]), (batch, *b_shape[1:])
