@@ -60,6 +60,14 @@ TORCH_LIBRARY(wmmae, m) {
                                            grid.tiles * grid.persistent_batch_slots};
         });
 
+  // The GEMM kernels that corrected_matmul chooses on `like`'s device, as the host decides them on each call
+  // (the environment switches included): "sm90" (the wgmma kernels), "sm90_tma" (their fp32 stages may come by
+  // TMA), "overlap_launches" (programmatic dependent launch). Empty on the CPU. Tests read it to know which
+  // paths run without asking torch.profiler, which records no kernels under compute-sanitizer.
+  m.def("_corrected_matmul_kernel_choice(Tensor like) -> str[]");
+  m.impl("_corrected_matmul_kernel_choice", c10::DispatchKey::CPU,
+         [](const at::Tensor&) { return std::vector<std::string>{}; });
+
   for (const auto key : {c10::DispatchKey::SparseCPU, c10::DispatchKey::SparseCUDA, c10::DispatchKey::SparseCsrCPU,
                          c10::DispatchKey::SparseCsrCUDA}) {
     m.impl("corrected_matmul", key, TORCH_FN(corrected_matmul_sparse));

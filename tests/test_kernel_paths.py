@@ -15,7 +15,6 @@ range (the CUDA-core path).
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
@@ -24,8 +23,8 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, deterministic, launched_kernels, persistent_slots_batch, random_tensor,
-                      random_tensor_in_layout, requires_cuda)
+from conftest import (DEVICES, deterministic, launched_kernels, persistent_slots_batch, profiler_records_kernels,
+                      random_tensor, random_tensor_in_layout, requires_cuda)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -167,12 +166,56 @@ def _launched_kernels(fn) -> list[str]:
     return [name for name, _ in launched_kernels(fn)]
 
 
-@functools.lru_cache(maxsize=None)
 def _has_sm90_gemm() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and any(
-        "sm90" in name for name in _launched_kernels(
-            lambda: torch_wmmae.corrected_matmul(torch.ones(16, 16, device="cuda"),
-                                                 torch.ones(16, 16, device="cuda"), method="fp16")))
+    """Whether corrected_matmul runs the wgmma kernels here (a build with sm_90a code on an H100/H200, as the
+    op itself decides it), so that their paths run under compute-sanitizer too, where torch.profiler records
+    no kernels."""
+    return torch.cuda.is_available() and "sm90" in torch.ops.wmmae._corrected_matmul_kernel_choice(
+        torch.empty(0, device="cuda"))
+
+
+def _sees_sm90_kernels() -> bool:
+    """Whether a test can check by name which wgmma kernels a call launched (not under compute-sanitizer)."""
+    return _has_sm90_gemm() and profiler_records_kernels()
+
+
+KERNEL_CHOICES = {"sm90", "sm90_tma", "overlap_launches"}
+
+
+def test_kernel_choice_on_the_cpu_is_empty():
+    assert torch.ops.wmmae._corrected_matmul_kernel_choice(torch.empty(0)) == []
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_kernel_choice_follows_the_switches_and_names_the_launched_kernels(gen, monkeypatch):
+    """_corrected_matmul_kernel_choice says what corrected_matmul decides on the device: the wgmma kernels
+    only on compute capability 9.0, TMA stages only with them, neither under TORCH_WMMAE_PORTABLE_GEMM=1, no TMA
+    under TORCH_WMMAE_SM90_TMA=0. Where the profiler records kernels, a call launches exactly what it says."""
+    for key in ("TORCH_WMMAE_PORTABLE_GEMM", "TORCH_WMMAE_SM90_TMA"):
+        monkeypatch.delenv(key, raising=False)
+    like = torch.empty(0, device="cuda")
+    choice = torch.ops.wmmae._corrected_matmul_kernel_choice(like)
+    assert set(choice) <= KERNEL_CHOICES and len(set(choice)) == len(choice), choice
+    if "sm90" in choice:
+        assert torch.cuda.get_device_capability() == (9, 0)
+        assert "overlap_launches" in choice  # (sm_90a code runs on this device)
+    assert "sm90_tma" not in choice or "sm90" in choice
+    monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "0")
+    no_tma = torch.ops.wmmae._corrected_matmul_kernel_choice(like)
+    assert no_tma == [c for c in choice if c != "sm90_tma"], (choice, no_tma)
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1")
+    portable = torch.ops.wmmae._corrected_matmul_kernel_choice(like)
+    assert "sm90" not in portable and "sm90_tma" not in portable, portable
+    for key in ("TORCH_WMMAE_PORTABLE_GEMM", "TORCH_WMMAE_SM90_TMA"):
+        monkeypatch.delenv(key, raising=False)
+    if not profiler_records_kernels():
+        return
+    a = random_tensor(gen, (130, 72), "normal", "cuda")  # (TMA can read both: see TMA_CASES["aligned"])
+    b = random_tensor(gen, (72, 136), "normal", "cuda")
+    ran = _launched_kernels(lambda: torch_wmmae.corrected_matmul(a, b, method="fp16"))
+    assert any("corrected_gemm_sm90_kernel" in name for name in ran) == ("sm90" in choice), (choice, ran)
+    assert any(TMA_KERNEL.search(name) for name in ran) == ("sm90_tma" in choice), (choice, ran)
 
 
 def _strided_matrix(gen, shape, line_stride: int, offset: int, col_major: bool) -> torch.Tensor:
@@ -227,7 +270,7 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     assert_matmul_within_dot_product_bound(outs["1"], a.expand(*batch, *a.shape[-2:]),
                                            b.expand(*batch, *b.shape[-2:]), case)
-    if _has_sm90_gemm():
+    if _sees_sm90_kernels():
         assert any(TMA_KERNEL.search(name) for name in kernels["1"]) == eligible, kernels["1"]
         assert not any(TMA_KERNEL.search(name) for name in kernels["0"]), kernels["0"]
         if eligible:  # the instantiation of the operands' layouts
@@ -263,11 +306,12 @@ def test_tf32_method_on_the_wgmma_kernel(gen, monkeypatch, a_col, b_col):
                 lambda: outs.setdefault(name, torch_wmmae.corrected_matmul(a, b, method="tf32")))
         assert_matmul_within_dot_product_bound(outs[name], a, b, name)
     assert torch.equal(outs["tma"], outs["cp_async"])
-    tf32_tma = [TF32_KERNEL.search(k) for k in kernels["tma"] if TF32_KERNEL.search(k)]
-    assert [m.group(3) for m in tf32_tma] == ["true"], kernels["tma"]
-    assert [m.group(1, 2) for m in tf32_tma] == [(str(not a_col).lower(), str(not b_col).lower())]
-    assert any(TF32_KERNEL.search(k) and "false>" in k for k in kernels["cp_async"]), kernels["cp_async"]
-    assert not any(TF32_KERNEL.search(k) for k in kernels["portable"]), kernels["portable"]
+    if _sees_sm90_kernels():
+        tf32_tma = [TF32_KERNEL.search(k) for k in kernels["tma"] if TF32_KERNEL.search(k)]
+        assert [m.group(3) for m in tf32_tma] == ["true"], kernels["tma"]
+        assert [m.group(1, 2) for m in tf32_tma] == [(str(not a_col).lower(), str(not b_col).lower())]
+        assert any(TF32_KERNEL.search(k) and "false>" in k for k in kernels["cp_async"]), kernels["cp_async"]
+        assert not any(TF32_KERNEL.search(k) for k in kernels["portable"]), kernels["portable"]
 
     for key in ("TORCH_WMMAE_SM90_TMA", "TORCH_WMMAE_PORTABLE_GEMM"):
         monkeypatch.delenv(key, raising=False)
@@ -276,7 +320,8 @@ def test_tf32_method_on_the_wgmma_kernel(gen, monkeypatch, a_col, b_col):
     with deterministic():
         ran = _launched_kernels(lambda: outs.setdefault("auto", torch_wmmae.corrected_matmul(wide, b)))
         fp16 = torch_wmmae.corrected_matmul(wide, b, method="fp16")
-    assert any(TF32_KERNEL.search(k) for k in ran), ran
+    if _sees_sm90_kernels():
+        assert any(TF32_KERNEL.search(k) for k in ran), ran
     assert_matmul_within_dot_product_bound(outs["auto"], wide, b, "auto")
     assert torch.equal(outs["auto"][128:], fp16[128:])  # the second row of tiles is fp16-safe
 
@@ -329,7 +374,7 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
                 lambda: outs.setdefault(resident, torch_wmmae.corrected_matmul(a, b, method=method)))
     if case != "split_k":  # (split-K's atomics add in any order)
         torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0, equal_nan=True)
-    if _has_sm90_gemm():
+    if _sees_sm90_kernels():
         assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels["1"]) == applies, kernels["1"]
         assert any(BESIDE_PREPASS_GEMM.search(name) for name in kernels["1"]) == applies, kernels["1"]
     for name in kernels["0"]:
@@ -378,7 +423,7 @@ def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layou
         with deterministic():
             kernels[stages] = _launched_kernels(
                 lambda: outs.setdefault(stages, torch_wmmae.corrected_matmul(a, b, method=method)))
-    if _has_sm90_gemm():
+    if _sees_sm90_kernels():
         for stages, tma in (("1", "true"), ("0", "false")):
             gemm = re.compile(rf"corrected_gemm_sm90_kernel<(true|false), (true|false), {tma},")
             assert any(gemm.search(name) for name in kernels[stages]), kernels[stages]
@@ -395,8 +440,9 @@ def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layou
 def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, resident):
     """By default the pre-pass runs beside the GEMM in batched calls that TMA reads (all measured faster that
     way, or equal), but not where the GEMM reads its chunks' partial sums back (K > 1024, small outputs)."""
-    if not _has_sm90_gemm():
-        pytest.skip("the resident pre-pass runs on the wgmma kernel only")
+    if not _sees_sm90_kernels():
+        pytest.skip("the resident pre-pass runs on the wgmma kernel only, and this test needs the profiler's "
+                    "kernel names")
     monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
     batch, m, n, k = shape
     a = random_tensor(gen, (batch, m, k), "uniform", "cuda")
@@ -420,7 +466,7 @@ def test_corrected_matmul_resident_prepass_over_many_calls(gen, monkeypatch):
     a = random_tensor(gen, (batch, m, k), "normal", "cuda")
     b = random_tensor(gen, (batch, k, n), "normal", "cuda")
     with deterministic():  # (no split-K, which the resident pre-pass does not run beside)
-        if _has_sm90_gemm():
+        if _sees_sm90_kernels():
             kernels = _launched_kernels(lambda: torch_wmmae.corrected_matmul(a, b, method="fp16"))
             assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels), kernels
         assert_matmul_within_dot_product_bound(torch_wmmae.corrected_matmul(a, b, method="fp16"), a, b, "plain")
@@ -444,7 +490,7 @@ def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
     a = random_tensor(gen, (6, 200, 300), "normal", "cuda")
     b = random_tensor(gen, (6, 300, 136), "normal", "cuda")
     with deterministic():  # (no split-K, which the resident pre-pass does not run beside)
-        if _has_sm90_gemm():
+        if _sees_sm90_kernels():
             kernels = _launched_kernels(lambda: torch_wmmae.corrected_matmul(a, b))
             assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels), kernels
         torch_wmmae.corrected_matmul(a, b)  # warm-up outside the capture
@@ -488,7 +534,7 @@ def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
     finite = torch.ones(130, dtype=torch.bool, device="cuda")
     finite[5] = False
     assert_matmul_within_dot_product_bound(out["c"][finite], a[finite], b, f"k={k}")
-    if kernel == "default" and _has_sm90_gemm():
+    if kernel == "default" and _sees_sm90_kernels():
         assert any(READ_BACK_KERNEL.search(name) for name in kernels) == (k > 1024), kernels
 
 

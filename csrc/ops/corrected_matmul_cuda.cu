@@ -31,6 +31,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
@@ -1432,8 +1433,22 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   return out;
 }
 
+// See the schema (registration.cpp).
+std::vector<std::string> corrected_matmul_kernel_choice_cuda(const at::Tensor& like) {
+  const c10::cuda::CUDAGuard guard(like.device());  // (choose_kernels asks the current device for the PTX version)
+  const KernelChoice choice = choose_kernels(*at::cuda::getDeviceProperties(like.get_device()));
+  std::vector<std::string> names;
+  if (choice.sm90) names.emplace_back("sm90");
+  if (choice.sm90_tma) names.emplace_back("sm90_tma");
+  if (choice.overlap_launches) names.emplace_back("overlap_launches");
+  return names;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(wmmae, CUDA, m) { m.impl("corrected_matmul", &corrected_matmul_cuda); }
+TORCH_LIBRARY_IMPL(wmmae, CUDA, m) {
+  m.impl("corrected_matmul", &corrected_matmul_cuda);
+  m.impl("_corrected_matmul_kernel_choice", &corrected_matmul_kernel_choice_cuda);
+}
 
 }  // namespace wmmae_ops
