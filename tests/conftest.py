@@ -128,6 +128,13 @@ def profiler_records_kernels() -> bool:
     return torch.cuda.is_available() and bool(launched_kernels(lambda: torch.ones(8, device="cuda").add_(1)))
 
 
+def runs_sm90_gemm(device="cuda") -> bool:
+    """Whether corrected_matmul runs the wgmma kernels on `device` (a build with sm_90a code on an H100/H200),
+    as the op itself decides it: unlike kernel names from torch.profiler, this holds under compute-sanitizer."""
+    return torch.cuda.is_available() and "sm90" in torch.ops.wmmae._corrected_matmul_kernel_choice(
+        torch.empty(0, device=device))
+
+
 def persistent_slots_batch(m: int, n: int, k: int, device="cuda") -> int:
     """A batch of m x k @ k x n products that corrected_matmul's plan runs as persistent batch slots on `device`
     (three rounds of SMs / 4 slots, as many as the full grid's waves: _corrected_matmul_grid's last entry), or

@@ -24,7 +24,7 @@ import torch
 
 import torch_wmmae
 from conftest import (DEVICES, deterministic, launched_kernels, persistent_slots_batch, profiler_records_kernels,
-                      random_tensor, random_tensor_in_layout, requires_cuda)
+                      random_tensor, random_tensor_in_layout, requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -166,17 +166,9 @@ def _launched_kernels(fn) -> list[str]:
     return [name for name, _ in launched_kernels(fn)]
 
 
-def _has_sm90_gemm() -> bool:
-    """Whether corrected_matmul runs the wgmma kernels here (a build with sm_90a code on an H100/H200, as the
-    op itself decides it), so that their paths run under compute-sanitizer too, where torch.profiler records
-    no kernels."""
-    return torch.cuda.is_available() and "sm90" in torch.ops.wmmae._corrected_matmul_kernel_choice(
-        torch.empty(0, device="cuda"))
-
-
 def _sees_sm90_kernels() -> bool:
     """Whether a test can check by name which wgmma kernels a call launched (not under compute-sanitizer)."""
-    return _has_sm90_gemm() and profiler_records_kernels()
+    return runs_sm90_gemm() and profiler_records_kernels()
 
 
 KERNEL_CHOICES = {"sm90", "sm90_tma", "overlap_launches"}
@@ -290,7 +282,7 @@ def test_tf32_method_on_the_wgmma_kernel(gen, monkeypatch, a_col, b_col):
     products: with TMA or cp.async stages (the same bits), in every layout, on partial tiles with K = 1000 (not
     a multiple of 32), within the dot-product bound; the portable WMMA kernel too. Auto with a row of A whose
     exponents span 2^60 sends that row's tiles to it, and only those: the other tiles keep the fp16 bits."""
-    if not _has_sm90_gemm():
+    if not runs_sm90_gemm():
         pytest.skip("needs the sm_90a GEMM kernels (H100/H200)")
     a = random_tensor_in_layout((200, 1000), a_col, gen, "cuda")
     b = random_tensor_in_layout((1000, 152), b_col, gen, "cuda")  # (rows of 608 bytes: TMA reads them)

@@ -18,7 +18,7 @@ import torch
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
 from conftest import (child_process_env, deterministic, launched_kernels, persistent_slots_batch,
-                      profiler_records_kernels, random_tensor, rel_err)
+                      profiler_records_kernels, random_tensor, rel_err, runs_sm90_gemm)
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -153,7 +153,7 @@ def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedul
         assert torch.cuda.current_device() == current
     if profiler_records_kernels():
         assert kernels and all(index == target for _, index in kernels), kernels
-        if kernel and any("sm90" in name for name, _ in kernels):  # (a Hopper build on a Hopper GPU)
+        if kernel and runs_sm90_gemm(dev):
             assert any(kernel in name for name, _ in kernels), kernels
     assert out[target].device == dev
     assert_matmul_within_dot_product_bound(out[target], a, b, f"{schedule} on {dev}: ")
