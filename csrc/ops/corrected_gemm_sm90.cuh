@@ -232,6 +232,7 @@ struct OutputTile {
   float* origin;    // element (m0, n0) of this batch entry's output
   int rows, cols;   // of the tile inside the output: up to kBlockM, kBlockN
   bool direct;      // the flush's fast path applies (see flush)
+  bool quads;       // direct, whole and with 16-byte aligned rows: the fast path writes float4s (see flush)
 };
 
 // What the cp.async stages (not kTma) need of the current piece to copy its stages, kept in shared memory for
@@ -556,8 +557,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
       const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
       // Fast path: 8-byte aligned column pairs (an even output width), unscaling factors that are normal floats.
-      *out_tile = OutputTile{origin, rows, cols,
-                             lines.small_shifts && n % 2 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 8 == 0};
+      const bool direct = lines.small_shifts && n % 2 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 8 == 0;
+      *out_tile = OutputTile{origin, rows, cols, direct,
+                             direct && rows == kBlockM && cols == kBlockN && n % 4 == 0 &&
+                                 reinterpret_cast<std::uintptr_t>(origin) % 16 == 0};
     }  // read after the stage prologue's barrier
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
     float b_scale[4];
@@ -758,7 +761,40 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
             sum[x] = sum[x + 1] = 0.0f;
           }
         };
-        if (tile.rows == kBlockM && tile.cols == kBlockN) {
+        // Whole tiles with 16-byte aligned rows: lanes 2i and 2i + 1 of a quad trade one pair of each two
+        // 8-column groups, so that each writes four adjacent columns with one float4 (or atomic): half the
+        // store instructions, each reaching half as many 32-byte sectors per column it writes. (A wave of
+        // blocks flushing at once: H200, 64 KB per block, 1.40 -> 1.15 us per flush in a microbenchmark.)
+        auto write_quads = [&]() {
+          const bool odd = quad & 1;  // keeps the second group's pair: columns 8 + 2 (quad - 1) .. + 3
+#pragma unroll
+          for (int x = 0; x < 64; x += 8) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int x0 = x + 2 * r, x1 = x0 + 4, j = acc_col(x0);  // pairs at columns j and j + 8
+              const int2 bs0 = *reinterpret_cast<const int2*>(b_shift + j);
+              const int2 bs1 = *reinterpret_cast<const int2*>(b_shift + j + 8);
+              const float2 v0 = make_float2(unscale_direct(chunk_result<kM>(sum[x0], corr[x0]), a_shift[r] + bs0.x),
+                                            unscale_direct(chunk_result<kM>(sum[x0 + 1], corr[x0 + 1]), a_shift[r] + bs0.y));
+              const float2 v1 = make_float2(unscale_direct(chunk_result<kM>(sum[x1], corr[x1]), a_shift[r] + bs1.x),
+                                            unscale_direct(chunk_result<kM>(sum[x1 + 1], corr[x1 + 1]), a_shift[r] + bs1.y));
+              const float2 give = odd ? v0 : v1;
+              const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, give.x, 1),
+                                             __shfl_xor_sync(0xffffffffu, give.y, 1));
+              const float4 v = odd ? make_float4(got.x, got.y, v1.x, v1.y) : make_float4(v0.x, v0.y, got.x, got.y);
+              float4* out = reinterpret_cast<float4*>(out_row[r] + j + (odd ? 6 : 0));
+              if (atomic_output) {
+                atomicAdd(out, v);
+              } else {
+                *out = v;
+              }
+              sum[x0] = sum[x0 + 1] = sum[x1] = sum[x1 + 1] = 0.0f;
+            }
+          }
+        };
+        if (tile.quads) {
+          write_quads();
+        } else if (tile.rows == kBlockM && tile.cols == kBlockN) {
           write_pairs(std::true_type{});
         } else {
           write_pairs(std::false_type{});
