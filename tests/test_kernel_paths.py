@@ -72,9 +72,9 @@ def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method
     assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
 
 
-# The ways a GEMM block writes its output tile (the wgmma kernel's flush): whole tiles (16-byte aligned rows:
-# float4s; a width of 2 mod 4: float2s) and tiles at the output's edge (partial rows and columns, an even
-# width) with one chunk of K (direct stores) or split K (atomics), a row and a column scaled so that their unscaling 2^-(shift_a + shift_b) leaves float's normal
+# The ways a GEMM block writes its output tile (the wgmma kernel's flush): whole tiles and tiles at the
+# output's edge (partial rows and columns), each with 16-byte aligned rows (a width of 0 mod 4: float4s) and
+# with a width of 2 mod 4 (float2s), with one chunk of K (direct stores) or split K (atomics), a row and a column scaled so that their unscaling 2^-(shift_a + shift_b) leaves float's normal
 # range, an odd output width (no aligned pairs of columns), and several chunks of K summed in the output;
 # (m, k, n), split-K allowed, line scale factors for a row of a and a column of b.
 FLUSH_CASES = {
@@ -83,7 +83,9 @@ FLUSH_CASES = {
     "whole_tiles_unaligned_rows": ((256, 96, 258), False, 1.0, 1.0),
     "whole_tiles_unaligned_rows_split_k": ((128, 4096, 258), True, 1.0, 1.0),
     "edge_tiles": ((200, 96, 300), False, 1.0, 1.0),
+    "edge_tiles_unaligned_rows": ((200, 96, 302), False, 1.0, 1.0),
     "edge_tiles_split_k": ((130, 4096, 194), True, 1.0, 1.0),
+    "edge_tiles_aligned_rows_split_k": ((130, 4096, 196), True, 1.0, 1.0),
     "large_line_scales": ((256, 96, 256), False, 2.0**-80, 2.0**70),
     "large_line_scales_split_k": ((128, 4096, 256), True, 2.0**-80, 2.0**70),
     "odd_width": ((256, 96, 257), False, 1.0, 1.0),

@@ -232,7 +232,7 @@ struct OutputTile {
   float* origin;    // element (m0, n0) of this batch entry's output
   int rows, cols;   // of the tile inside the output: up to kBlockM, kBlockN
   bool direct;      // the flush's fast path applies (see flush)
-  bool quads;       // direct, whole and with 16-byte aligned rows: the fast path writes float4s (see flush)
+  bool quads;       // direct with 16-byte aligned rows (a width of 0 mod 4): the fast path writes float4s
 };
 
 // What the cp.async stages (not kTma) need of the current piece to copy its stages, kept in shared memory for
@@ -559,8 +559,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       // Fast path: 8-byte aligned column pairs (an even output width), unscaling factors that are normal floats.
       const bool direct = lines.small_shifts && n % 2 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 8 == 0;
       *out_tile = OutputTile{origin, rows, cols, direct,
-                             direct && rows == kBlockM && cols == kBlockN && n % 4 == 0 &&
-                                 reinterpret_cast<std::uintptr_t>(origin) % 16 == 0};
+                             direct && n % 4 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 16 == 0};
     }  // read after the stage prologue's barrier
     const float a_scale[2] = {scales.a_scale[row0], scales.a_scale[row0 + 8]};
     float b_scale[4];
@@ -761,11 +760,12 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
             sum[x] = sum[x + 1] = 0.0f;
           }
         };
-        // Whole tiles with 16-byte aligned rows: lanes 2i and 2i + 1 of a quad trade one pair of each two
-        // 8-column groups, so that each writes four adjacent columns with one float4 (or atomic): half the
-        // store instructions, each reaching half as many 32-byte sectors per column it writes. (A wave of
-        // blocks flushing at once: H200, 64 KB per block, 1.40 -> 1.15 us per flush in a microbenchmark.)
-        auto write_quads = [&]() {
+        // 16-byte aligned rows: lanes 2i and 2i + 1 of a quad trade one pair of each two 8-column groups, so
+        // that each writes four adjacent columns with one float4 (or atomic): half the store instructions.
+        // (A wave of blocks flushing at once: H200, 64 KB per block, 1.40 -> 1.15 us per flush in
+        // benchmarks/micro/flush_stores.cu.) The width is 0 mod 4, so at the output's edge a float4 is inside
+        // or outside as a whole; every lane trades, and only the store is skipped.
+        auto write_quads = [&](auto whole_tile) {
           const bool odd = quad & 1;  // keeps the second group's pair: columns 8 + 2 (quad - 1) .. + 3
 #pragma unroll
           for (int x = 0; x < 64; x += 8) {
@@ -782,19 +782,27 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
               const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, give.x, 1),
                                              __shfl_xor_sync(0xffffffffu, give.y, 1));
               const float4 v = odd ? make_float4(got.x, got.y, v1.x, v1.y) : make_float4(v0.x, v0.y, got.x, got.y);
-              float4* out = reinterpret_cast<float4*>(out_row[r] + j + (odd ? 6 : 0));
-              if (atomic_output) {
-                atomicAdd(out, v);
-              } else {
-                *out = v;
+              const int col = j + (odd ? 6 : 0);  // from column 2 * quad
+              if (whole_tile || (row_in[r] && col < cols_in)) {
+                float4* out = reinterpret_cast<float4*>(out_row[r] + col);
+                if (atomic_output) {
+                  atomicAdd(out, v);
+                } else {
+                  *out = v;
+                }
               }
               sum[x0] = sum[x0 + 1] = sum[x1] = sum[x1 + 1] = 0.0f;
             }
           }
         };
-        if (tile.quads) {
-          write_quads();
-        } else if (tile.rows == kBlockM && tile.cols == kBlockN) {
+        // (Edge tiles beside the resident pre-pass keep float2s: the code for float4s there put spills into
+        // the stage loop of that instantiation, held to 240 registers; its batched calls rarely have edges.)
+        const bool whole_tile = tile.rows == kBlockM && tile.cols == kBlockN;
+        if (tile.quads && whole_tile) {
+          write_quads(std::true_type{});
+        } else if (tile.quads && !kBesidePrepass) {
+          write_quads(std::false_type{});
+        } else if (whole_tile) {
           write_pairs(std::true_type{});
         } else {
           write_pairs(std::false_type{});
