@@ -74,8 +74,9 @@ def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method
 
 # The ways a GEMM block writes its output tile (the wgmma kernel's flush): whole tiles and tiles at the
 # output's edge (partial rows and columns), each with 16-byte aligned rows (a width of 0 mod 4: float4s) and
-# with a width of 2 mod 4 (float2s), with one chunk of K (direct stores) or split K (atomics), a row and a column scaled so that their unscaling 2^-(shift_a + shift_b) leaves float's normal
-# range, an odd output width (no aligned pairs of columns), and several chunks of K summed in the output;
+# with a width of 2 mod 4 (float2s), with one chunk of K (direct stores) or split K (atomics); a row and a
+# column scaled so that their unscaling 2^-(shift_a + shift_b) leaves float's normal range, an odd output
+# width (no aligned pairs of columns), and several chunks of K summed in the output;
 # (m, k, n), split-K allowed, line scale factors for a row of a and a column of b.
 FLUSH_CASES = {
     "whole_tiles": ((256, 96, 256), False, 1.0, 1.0),

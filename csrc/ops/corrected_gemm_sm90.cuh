@@ -739,6 +739,19 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int cols_in = tile.cols - 2 * quad;  // column offsets j < cols_in are inside the output
       // (Never with kReadBack: its blocks sum several chunks without split-K.)
       if (!kReadBack && tile.direct && (atomic_output || (first_chunk && last_chunk))) {
+        // The results of accumulator elements x and x + 1 (row r, columns j and j + 1 from 2 * quad).
+        auto result_pair = [&](int x, int r, int j) {
+          const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
+          return make_float2(unscale_direct(chunk_result<kM>(sum[x], corr[x]), a_shift[r] + bs.x),
+                             unscale_direct(chunk_result<kM>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
+        };
+        auto write = [&](auto* out, auto v) {  // (float2 or float4)
+          if (atomic_output) {
+            atomicAdd(out, v);
+          } else {
+            *out = v;
+          }
+        };
         // Whole tiles without bounds checks; a tile at the edge of the output checks each pair (the output
         // width is even, so both elements of a pair are inside or neither).
         auto write_pairs = [&](auto whole_tile) {
@@ -746,16 +759,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           for (int x = 0; x < 64; x += 2) {
             const int r = acc_row(x), j = acc_col(x);
             if (whole_tile || (row_in[r] && j < cols_in)) {
-              const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
-              const float2 v = make_float2(
-                  unscale_direct(chunk_result<kM>(sum[x], corr[x]), a_shift[r] + bs.x),
-                  unscale_direct(chunk_result<kM>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
-              float2* out = reinterpret_cast<float2*>(out_row[r] + j);
-              if (atomic_output) {
-                atomicAdd(out, v);
-              } else {
-                *out = v;
-              }
+              write(reinterpret_cast<float2*>(out_row[r] + j), result_pair(x, r, j));
             }
             sum[x] = sum[x + 1] = 0.0f;
           }
@@ -772,25 +776,13 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int x0 = x + 2 * r, x1 = x0 + 4, j = acc_col(x0);  // pairs at columns j and j + 8
-              const int2 bs0 = *reinterpret_cast<const int2*>(b_shift + j);
-              const int2 bs1 = *reinterpret_cast<const int2*>(b_shift + j + 8);
-              const float2 v0 = make_float2(unscale_direct(chunk_result<kM>(sum[x0], corr[x0]), a_shift[r] + bs0.x),
-                                            unscale_direct(chunk_result<kM>(sum[x0 + 1], corr[x0 + 1]), a_shift[r] + bs0.y));
-              const float2 v1 = make_float2(unscale_direct(chunk_result<kM>(sum[x1], corr[x1]), a_shift[r] + bs1.x),
-                                            unscale_direct(chunk_result<kM>(sum[x1 + 1], corr[x1 + 1]), a_shift[r] + bs1.y));
+              const float2 v0 = result_pair(x0, r, j), v1 = result_pair(x1, r, j + 8);
               const float2 give = odd ? v0 : v1;
               const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, give.x, 1),
                                              __shfl_xor_sync(0xffffffffu, give.y, 1));
               const float4 v = odd ? make_float4(got.x, got.y, v1.x, v1.y) : make_float4(v0.x, v0.y, got.x, got.y);
               const int col = j + (odd ? 6 : 0);  // from column 2 * quad
-              if (whole_tile || (row_in[r] && col < cols_in)) {
-                float4* out = reinterpret_cast<float4*>(out_row[r] + col);
-                if (atomic_output) {
-                  atomicAdd(out, v);
-                } else {
-                  *out = v;
-                }
-              }
+              if (whole_tile || (row_in[r] && col < cols_in)) write(reinterpret_cast<float4*>(out_row[r] + col), v);
               sum[x0] = sum[x0 + 1] = sum[x1] = sum[x1 + 1] = 0.0f;
             }
           }
