@@ -60,6 +60,11 @@ TORCH_LIBRARY(wmmae, m) {
                                            grid.tiles * grid.persistent_batch_slots};
         });
 
+  // Where each block's stream-K share starts, as the CUDA op schedules `tiles` tiles (batch entries included) of
+  // `k_stages` k-stages over `blocks` blocks: blocks + 1 units, the last the end of the work. Tests check the
+  // schedule on the CPU.
+  m.def("_stream_k_shares(int tiles, int k_stages, int blocks) -> int[]", &stream_k_shares);
+
   // The GEMM kernels that corrected_matmul chooses on `like`'s device, as the host decides them on each call
   // (the environment switches included): "sm90" (the wgmma kernels), "sm90_tma" (their fp32 stages may come by
   // TMA), "overlap_launches" (programmatic dependent launch). Empty on the CPU. Tests read it to know which

@@ -727,8 +727,9 @@ def test_launch_grid_rule(monkeypatch):
     128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below
     256 k per split, and never in deterministic mode. The wgmma kernel's stream-K schedule: one block per SM at
     most, at least 8 k-stages per block, chosen (below 4 waves of tiles) where its blocks run fewer than 0.97 x
-    the k-stages that the split-K grid's waves run one after the other, and fewer than those minus 4 (minus 6
-    where its blocks run under 72 stages), and as TORCH_WMMAE_STREAM_K says (0: never, 1: wherever it can
+    the k-stages that the split-K grid's waves run one after the other (4 more for each chunk of K that an unsplit
+    block reads back), and fewer than those minus 4 (minus 6 where its blocks run under 72 stages), and as
+    TORCH_WMMAE_STREAM_K says (0: never, 1: wherever it can
     run); never in deterministic mode. Its TMA stages, batched: one round of blocks looping over the batch
     entries where tiles are short (K <= 1024) and that adds no round to the full grid's waves."""
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
@@ -765,6 +766,12 @@ def test_launch_grid_rule(monkeypatch):
     # 256 tiles (one chunk of K per block from N = 32768 on): 249 against 256 (0.973 x) stays a grid (H200:
     # stream-K 3% slower).
     assert grid(128, 32768, 4096, 1, 132) == [256, 1, 256, 0, 0]
+    # A grid block that sums four chunks of K (1024 each: an output under 2^22 elements) into its tile reads its
+    # partial sums back three times, which stream-K's atomics do not: 132 tiles fill one wave, but stream-K
+    # (the same 128 stages per block) was 10% faster (H200). With chunks of 4096 there is nothing to read back.
+    assert grid(128, 16896, 4096, 1, 132) == [132, 1, 132, 132, 0]
+    assert grid(128, 32704, 4096, 1, 132) == [256, 1, 256, 132, 0]
+    assert grid(128, 33792, 4096, 1, 132) == [264, 1, 264, 0, 0]
     # Grids that keep 97% of their waves' SM slots busy stay grids (stream-K's pieces and atomics cost more).
     assert grid(2048, 2048, 2048, 1, 132) == [256, 1, 256, 0, 0]
     for m, n, k, batch in [(128, 11520, 4096, 1), (48, 40, 2100, 1), (130, 129, 700, 3), (16, 16, 512, 1)]:
@@ -780,3 +787,61 @@ def test_launch_grid_rule(monkeypatch):
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K")
     with pytest.raises(RuntimeError, match="sm_count"):
         grid(128, 128, 4096, 1, 0)
+
+
+# What a stream-K block costs beyond its k-stages for each tile boundary its share crosses (one more piece: line
+# scales, pipeline fill, a flush of atomics), in k-stages; matmul_plan.hpp's kStreamKCrossingStages.
+CROSSING_STAGES = 4
+
+
+def _share_costs(starts: list[int], k_stages: int) -> list[int]:
+    """Each share's k-stages plus CROSSING_STAGES per tile boundary inside it."""
+    return [end - begin + CROSSING_STAGES * ((end - 1) // k_stages - begin // k_stages) if end > begin else 0
+            for begin, end in zip(starts, starts[1:])]
+
+
+def _best_max_cost(tiles: int, k_stages: int, blocks: int) -> int:
+    """The smallest cost of the slowest block over every way of cutting the units into `blocks` runs in order
+    (bisection on the cost, each run taken as long as the cost allows)."""
+    units = tiles * k_stages
+
+    def fits(limit: int) -> bool:
+        begin = 0
+        for _ in range(blocks):
+            end = begin
+            while end < units and _share_costs([begin, end + 1], k_stages)[0] <= limit:
+                end += 1
+            begin = end
+        return begin == units
+
+    low, high = 1, units + CROSSING_STAGES * tiles
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid + 1, high)
+    return low
+
+
+@pytest.mark.parametrize("tiles, k_stages, blocks", [
+    (34, 128, 132), (33, 128, 132), (37, 128, 132), (90, 128, 132), (126, 128, 132), (8, 128, 128),
+    (2, 94, 23), (3, 66, 24), (1, 128, 16), (300, 10, 132), (7, 33, 5)])
+def test_stream_k_shares(tiles, k_stages, blocks):
+    """torch.ops.wmmae._stream_k_shares (what each block of the wgmma kernel's stream-K schedule takes): the shares
+    are runs in order that cover every unit once, none empty, and the slowest block's cost (its stages plus
+    CROSSING_STAGES for each tile boundary it crosses) is within one stage of the best cut and no worse than shares
+    of equal stages. 34 tiles of 128 stages over 132 blocks (128 x 4288 x 4096 on an H200): equal shares run 33
+    stages, but the 33 blocks that cross a tile boundary cost 37; with fewer stages for those, the slowest costs 34."""
+    starts = torch.ops.wmmae._stream_k_shares(tiles, k_stages, blocks)
+    units = tiles * k_stages
+    assert len(starts) == blocks + 1 and starts[0] == 0 and starts[-1] == units
+    assert all(b > a for a, b in zip(starts, starts[1:])), starts
+    cost = max(_share_costs(starts, k_stages))
+    equal_starts = [b * units // blocks for b in range(blocks + 1)]
+    equal_cost = max(_share_costs(equal_starts, k_stages))
+    best = _best_max_cost(tiles, k_stages, blocks)
+    assert best <= cost <= best + 1 and cost <= equal_cost, (best, cost, equal_cost)
+    if (tiles, k_stages, blocks) == (34, 128, 132):
+        assert (equal_cost, cost) == (37, 34)
+    if blocks % tiles == 0 and k_stages % (blocks // tiles) == 0:  # tiles cut evenly: no share crosses
+        assert starts == equal_starts
+    with pytest.raises(RuntimeError, match="'blocks' must be positive"):
+        torch.ops.wmmae._stream_k_shares(tiles, k_stages, 0)

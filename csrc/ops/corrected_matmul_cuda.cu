@@ -127,6 +127,7 @@ struct GemmArgs {
   // The wgmma kernel's stream-K schedule (stream_k_share, matmul_plan.hpp), launched as that many blocks
   // instead of the grid of tiles x k_splits x batch; 0: the grid. Its output too starts zeroed and takes atomics.
   std::int64_t stream_k_blocks;
+  std::int64_t stream_k_gap;  // stream_k_share's gap between tiles
   // The resident pre-pass's count of finished items per batch entry (resident_prepass_sm90.cuh), which the
   // GEMM waits for instead of the whole pre-pass grid; null with the grid pre-pass.
   const int* prepass_items_done;
@@ -702,7 +703,7 @@ class BlockWork {
   __device__ TileWork first(const GemmArgs& args) {
     if (threadIdx.x == 0) {
       pieces_[0] = args.stream_k_blocks > 0
-                       ? stream_k_from(args, stream_k_share(blockIdx.x, args.stream_k_blocks, units(args)))
+                       ? stream_k_from(args, share_start(args, blockIdx.x))
                        : grid_piece(args, blockIdx.z);
       pieces_[1] = after(args, pieces_[0]);
     }
@@ -724,8 +725,9 @@ class BlockWork {
  private:
   __device__ static std::int64_t tiles(const GemmArgs& args) { return gemm_tiles(args.m, args.n); }
   __device__ static std::int64_t k_stages(const GemmArgs& args) { return gemm_k_stages(args.k); }
-  __device__ static std::int64_t units(const GemmArgs& args) {
-    return tiles(args) * args.num_batches * k_stages(args);
+  __device__ static std::int64_t share_start(const GemmArgs& args, std::int64_t block) {
+    return stream_k_share(block, args.stream_k_blocks, tiles(args) * args.num_batches, k_stages(args),
+                          args.stream_k_gap);
   }
   __device__ static TileWork none() { return TileWork{-1, 0, 0, 0}; }
   __device__ static TileWork after(const GemmArgs& args, const TileWork& w) {
@@ -736,7 +738,7 @@ class BlockWork {
   }
   // The piece of this block's stream-K share that starts at `unit`.
   __device__ static TileWork stream_k_from(const GemmArgs& args, std::int64_t unit) {
-    const std::int64_t end = stream_k_share(blockIdx.x + 1, args.stream_k_blocks, units(args));
+    const std::int64_t end = share_start(args, blockIdx.x + 1);
     return unit < end ? stream_k_piece(unit, end, tiles(args), k_stages(args)) : none();
   }
   // This block's tile and split of K in batch entry z of the grid.
@@ -1380,6 +1382,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const KernelChoice kernels = choose_kernels(props);
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
+  args.stream_k_gap = grid.stream_k_gap;
   // With split-K or stream-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is
   // no pre-pass (tf32; cheaper for the host than out.zero_(), which goes through TensorIterator).
   const bool zero_output = args.adds_into_output();

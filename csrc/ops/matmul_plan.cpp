@@ -1,5 +1,7 @@
 #include "matmul_plan.hpp"
 
+#include "corrected_matmul_scheme.hpp"
+
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
 
@@ -116,26 +118,62 @@ StreamK stream_k_policy() {
                                                : StreamK::kChoose;
 }
 
-// Stream-K's blocks: one per SM, each at least kMinStreamKStages stages (as split-K's 256 k). Chosen where its
-// blocks have fewer k-stages than the split-K grid's waves run one after the other (waves x stages per split)
-// by a margin: kStreamKGain times those, and kStreamKPieceStages fewer (kStreamKShortPieceStages for shares
-// under kStreamKShortShare stages). Stream-K balances the waves but costs more per block (it crosses into two
-// or three tiles, each a pipeline fill and a flush of atomics into an output that the pre-pass must zero
-// first), so it loses where the grid is nearly balanced already. H200, the same build, GPU time per call,
-// grid -> stream-K: 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K 0.73-0.93 of the grid's stages)
-// 6-25% faster; 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98, 2-3 stages fewer) 2.5-8% slower (session
-// 16). Short shares pay the fixed cost most: at M = 128, K = 4096, N = 1024-3840 (8-30 stages per block,
-// 0.80-0.94 of the grid's) stream-K was up to 11% slower (session 19), and with 5 stages fewer at 27-59
-// stages per block 1-4% slower (N = 3392, 4928, 7616, session 22); long ones gain even near the grid's
-// stages: 81-248 stages per block at 0.94-0.97 of the grid's, 5-8 stages fewer, 1-8% faster (N = 10560,
-// 15936-16128, 24064-24576, 32064-32640, session 22), but not at 0.973-0.977 from N = 32768 on, where the
-// grid's blocks sum K in one chunk (3% slower; benchmarks/NOTES.md).
+// What stream-K's slowest block costs, in k-stages: a share's stages plus kStreamKCrossingStages for each tile
+// boundary inside it (see stream_k_share).
+std::int64_t stream_k_max_cost(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks, std::int64_t gap) {
+  std::int64_t worst = 0;
+  for (std::int64_t b = 0, begin = 0; b < blocks; ++b) {
+    const std::int64_t end = stream_k_share(b + 1, blocks, tiles, k_stages, gap);
+    if (end > begin) {
+      const std::int64_t crossings = (end - 1) / k_stages - begin / k_stages;
+      worst = std::max(worst, end - begin + kStreamKCrossingStages * crossings);
+    }
+    begin = end;
+  }
+  return worst;
+}
+// stream_k_share's gap: kStreamKCrossingStages where that makes the slowest block cheaper, 0 where equal shares
+// of stages are as cheap (e.g. 4 blocks per tile, each within its tile). Remembers the last problem: the loops
+// above take about 2 us of host time per call, and a training loop repeats its shapes.
+std::int64_t stream_k_gap(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks) {
+  thread_local std::int64_t last[4] = {-1, -1, -1, 0};  // tiles, k_stages, blocks, gap
+  if (last[0] != tiles || last[1] != k_stages || last[2] != blocks) {
+    const bool gapped = stream_k_max_cost(tiles, k_stages, blocks, kStreamKCrossingStages) <
+                        stream_k_max_cost(tiles, k_stages, blocks, 0);
+    last[0] = tiles, last[1] = k_stages, last[2] = blocks, last[3] = gapped ? kStreamKCrossingStages : 0;
+  }
+  return last[3];
+}
+
+// Stream-K's blocks: one per SM, each at least kMinStreamKStages stages (as split-K's 256 k). Chosen where
+// shares of equal stages would be shorter than the split-K grid's waves run one after the other (waves x stages
+// per split) by a margin: kStreamKGain times those, and kStreamKPieceStages fewer (kStreamKShortPieceStages for
+// shares under kStreamKShortShare stages). Stream-K balances the waves but costs more per block (it crosses
+// into two or three tiles, each a pipeline fill and a flush of atomics into an output that the pre-pass must
+// zero first), so it loses where the grid is nearly balanced already. These margins were measured with shares
+// of equal stages (before stream_k_share's gap). H200, the same build, GPU time per call, grid -> stream-K:
+// 128 x N x 4096, N = 3392 ... 45120 (13 shapes, stream-K 0.73-0.93 of the grid's stages) 6-25% faster;
+// 2048^3, 8 x 1024^3, 1000 x 1016 x 3332 (0.96-0.98, 2-3 stages fewer) 2.5-8% slower (session 16). Short
+// shares pay the fixed cost most: at M = 128, K = 4096, N = 1024-3840 (8-30 stages per block, 0.80-0.94 of the
+// grid's) stream-K was up to 11% slower (session 19), and with 5 stages fewer at 27-59 stages per block 1-4%
+// slower (N = 3392, 4928, 7616, session 22); long ones gain even near the grid's stages: 81-248 stages per
+// block at 0.94-0.97 of the grid's, 5-8 stages fewer, 1-8% faster (N = 10560, 15936-16128, 24064-24576,
+// 32064-32640, session 22), but not at 0.973-0.977 from N = 32768 on, where the grid's blocks sum K in one
+// chunk (3% slower; benchmarks/NOTES.md).
+//
+// A grid block that sums several chunks of K into a small output without split-K reads its tile's partial sums
+// back at each chunk's end (sm90_read_back in corrected_matmul_cuda.cu), where stream-K's atomics do not wait:
+// the rule counts kReadBackStages k-stages for each. H200, the same build, grid -> stream-K, 128 x N x 4096
+// (four chunks per block): N = 16192-16896 (127-132 tiles, one wave; at 132 tiles the same stages per block)
+// 8-10% faster, N = 32704 (two waves) 9% faster; N = 33792 (chunks of 4096: nothing to read back) 1.5% slower.
 constexpr std::int64_t kMinStreamKStages = 8;
 constexpr double kStreamKGain = 0.97;
 constexpr std::int64_t kStreamKPieceStages = 4;
 constexpr std::int64_t kStreamKShortShare = 72;
 constexpr std::int64_t kStreamKShortPieceStages = 6;
-std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, int sms, StreamK policy) {
+constexpr std::int64_t kReadBackStages = 4;
+std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t m, std::int64_t n, std::int64_t k, int k_splits,
+                             int sms, StreamK policy) {
   if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
   const std::int64_t k_stages = gemm_k_stages(k);
   const std::int64_t blocks = std::min<std::int64_t>(sms, tiles * k_stages / kMinStreamKStages);
@@ -143,7 +181,10 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t k, int k_splits, i
   if (policy == StreamK::kAlways) return blocks;
   if (tiles >= 4 * static_cast<std::int64_t>(sms)) return 0;
   const std::int64_t split_waves = (tiles * k_splits + sms - 1) / sms;
-  const std::int64_t split_stages = split_waves * (k_per_split(k, k_splits) / kGemmStageK);
+  std::int64_t split_stages = split_waves * (k_per_split(k, k_splits) / kGemmStageK);
+  if (k_splits == 1 && accumulation_chunk(m, n) == kAccumulationChunkSmall) {
+    split_stages += split_waves * ((k - 1) / kAccumulationChunkSmall) * kReadBackStages;
+  }
   const std::int64_t stream_k_stages = (tiles * k_stages + blocks - 1) / blocks;
   const std::int64_t margin = stream_k_stages < kStreamKShortShare ? kStreamKShortPieceStages : kStreamKPieceStages;
   const bool gains = static_cast<double>(stream_k_stages) < kStreamKGain * static_cast<double>(split_stages) &&
@@ -184,8 +225,19 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   grid.k_per_split = k_per_split(k, grid.k_splits);
   grid.persistent_batch_slots = persistent_batch_slots(grid, batch, k, sm_count);
   grid.stream_k_blocks =
-      stream_k_blocks(grid.tiles * batch, k, grid.k_splits, static_cast<int>(sm_count), stream_k_policy());
+      stream_k_blocks(grid.tiles * batch, m, n, k, grid.k_splits, static_cast<int>(sm_count), stream_k_policy());
+  grid.stream_k_gap =
+      grid.stream_k_blocks > 0 ? stream_k_gap(grid.tiles * batch, gemm_k_stages(k), grid.stream_k_blocks) : 0;
   return grid;
+}
+
+std::vector<std::int64_t> stream_k_shares(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks) {
+  TORCH_CHECK(tiles > 0 && k_stages > 0 && blocks > 0, "stream_k_shares: arguments 'tiles', 'k_stages' and "
+              "'blocks' must be positive, got ", tiles, ", ", k_stages, ", ", blocks);
+  const std::int64_t gap = stream_k_gap(tiles, k_stages, blocks);
+  std::vector<std::int64_t> starts(blocks + 1);
+  for (std::int64_t b = 0; b <= blocks; ++b) starts[b] = stream_k_share(b, blocks, tiles, k_stages, gap);
+  return starts;
 }
 
 }  // namespace wmmae_ops

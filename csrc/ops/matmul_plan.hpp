@@ -69,6 +69,7 @@ struct GemmGrid {
   std::int64_t k_per_split;  // K elements per split, a multiple of 32
   // Blocks of the wgmma fp16 kernel's stream-K schedule, which it runs instead of this grid when > 0.
   std::int64_t stream_k_blocks;
+  std::int64_t stream_k_gap;  // stream_k_share's gap between tiles
   // Batch slots (grid z) of the wgmma fp16 kernel with TMA stages when > 0, which then loops over the batch
   // entries in one round of blocks (see persistent_batch_slots in matmul_plan.cpp).
   std::int64_t persistent_batch_slots;
@@ -81,17 +82,32 @@ struct GemmGrid {
 // parts). Host code: the CUDA op launches with it, and the benchmarks record it (op _corrected_matmul_grid).
 GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count);
 
+// Stream-K's shares as plan_gemm_grid chooses them for `tiles` tiles (batch entries included) of `k_stages`
+// stages over `blocks` blocks: where each block's share starts, blocks + 1 units (the last: the end).
+std::vector<std::int64_t> stream_k_shares(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks);
+
 // Stream-K: the work of a GEMM is units of one k-stage of one output tile of one batch entry, unit
 // (z * tiles + tile) * k_stages + s, and block b of `blocks` takes units [stream_k_share(b), stream_k_share(b +
-// 1)): the same amount of work (within one stage) for every block, whatever the number of tiles, so no wave
-// is left part empty. A block's share is cut where it crosses from one tile to the next (stream_k_piece);
-// each piece is added into the zeroed output with atomics, as with split-K.
+// 1)): about the same cost for every block, whatever the number of tiles, so no wave is left part empty. A
+// block's share is cut where it crosses from one tile to the next (stream_k_piece); each piece is added into
+// the zeroed output with atomics, as with split-K.
 struct TileWork {
   std::int64_t z, tile;                 // batch entry, output tile (tile_origin)
   std::int64_t stage_begin, stage_end;  // k-stages [stage_begin, stage_end) of the tile
 };
-WMMAE_HD inline std::int64_t stream_k_share(std::int64_t block, std::int64_t blocks, std::int64_t units) {
-  return block * units / blocks;
+// A block whose share crosses into another tile runs one more piece: its line scales, pipeline fill and flush
+// of atomics cost about kStreamKCrossingStages k-stages (H200, 128 x 4288 x 4096: a block of 33 stages in two
+// pieces took 6.7 us more than one of 32 stages in one, at 1.7 us per stage). So the shares may be equal along
+// a line that puts `gap` empty units after each tile (plan_gemm_grid picks 0 or kStreamKCrossingStages): a
+// share that covers the gap between two tiles takes that many fewer stages, and where few shares cross (fewer
+// tiles than blocks) the slowest block runs about that many stages less than with shares of equal stages.
+constexpr std::int64_t kStreamKCrossingStages = 4;
+WMMAE_HD inline std::int64_t stream_k_share(std::int64_t block, std::int64_t blocks, std::int64_t tiles,
+                                            std::int64_t k_stages, std::int64_t gap) {
+  const std::int64_t span = k_stages + gap;  // a tile and the gap after it
+  const std::int64_t point = block * (tiles * span - gap) / blocks;
+  const std::int64_t tile = point / span, stage = point - tile * span;
+  return tile * k_stages + (stage < k_stages ? stage : k_stages);
 }
 // The piece of a share that starts at `unit` and ends at the end of its tile or at end_unit, whichever
 // comes first.
