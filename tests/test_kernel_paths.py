@@ -505,6 +505,67 @@ def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
             assert_matmul_within_dot_product_bound(out, a, b, "graph replay")
 
 
+# A chain of operations on one stream, each reading what the one before it wrote: corrected_matmul's output
+# (its last kernel, the GEMM or auto's tf32 exit grid, lets the next grid on the stream start early), a copy
+# (cudaMemcpyAsync) or a kernel of torch's. A call's first kernel (the workspace's zeroing) is launched to
+# overlap the kernel before it and waits for that grid before it writes or lets the call's next kernel start;
+# without that wait it would zero the workspace of the call before (the same memory, from the caching
+# allocator) while that call's GEMM still reads it, and the pre-pass after it would read a call's input
+# before it was written.
+CHAIN_STEPS = ["auto", "fp16", "copy", "tf32", "auto", "torch_kernel", "fp16", "auto", "tf32", "copy", "auto"]
+
+
+def _run_chain(x, b, sync_each_step: bool) -> list:
+    """[(input, output)] of every corrected_matmul step of CHAIN_STEPS, starting from x."""
+    steps = []
+    for step in CHAIN_STEPS:
+        if step == "copy":
+            y = torch.empty_like(x)
+            y.copy_(x)
+        elif step == "torch_kernel":
+            y = x.neg()
+        else:
+            y = torch_wmmae.corrected_matmul(x, b, method=step)
+            steps.append((x, y))
+        x = y
+        if sync_each_step:
+            torch.cuda.synchronize()
+    return steps
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,n", [(12, 256), (1, 1000), (1, 136)], ids=["batched", "n1000", "n136"])
+@pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
+def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, batch, n, split_k):
+    """Every step is within the dot-product bound of its own input; deterministic chains give the same bits
+    as the same chain with the host waiting after every step (nothing overlaps then) and as its CUDA graph."""
+    b = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the chain's magnitudes)
+    x0 = random_tensor(gen, (batch, n, n), "normal", "cuda")
+    with deterministic(not split_k):
+        overlapped = _run_chain(x0, b, sync_each_step=False)
+        torch.cuda.synchronize()
+        for i, (x, y) in enumerate(overlapped):
+            assert_matmul_within_dot_product_bound(y, x, b, f"step {i}: ")
+        if split_k:
+            return  # (split-K's and stream-K's atomics add in any order)
+        for i, ((_, y), (_, y_synced)) in enumerate(zip(overlapped, _run_chain(x0, b, sync_each_step=True))):
+            assert torch.equal(y, y_synced), f"step {i}"
+        x_in = x0.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x_in.neg_()  # (a kernel node before the first call's zeroing)
+            captured = _run_chain(x_in, b, sync_each_step=False)
+        for replay in range(2):
+            x_in.copy_(random_tensor(gen, x0.shape, "normal", "cuda"))
+            for _, y in captured:
+                y.fill_(float("nan"))
+            graph.replay()
+            eager = _run_chain(x_in, b, sync_each_step=False)  # (the replay negated x_in in place)
+            for i, ((_, y), (_, y_eager)) in enumerate(zip(captured, eager)):
+                assert torch.equal(y, y_eager), f"replay {replay}, step {i}"
+
+
 READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
 
 

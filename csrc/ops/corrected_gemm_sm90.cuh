@@ -312,13 +312,12 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
+  allow_dependent_grid();  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either
   if constexpr (kTf32) {
     if (args.method == Method::automatic) {  // auto's tiles that are not fp16-safe: launched after the fp16 GEMM
       wait_for_prior_grid();                 // (which let it start early) for its tf32_tiles_pending
       if (*args.tf32_tiles_pending == 0) return;
     }
-  } else {
-    allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads what it writes
   }
   // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
   // stages the K-major split measured faster (MN-major 4-8% slower). tf32 tiles are K-major.

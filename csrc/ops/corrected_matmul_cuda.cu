@@ -136,12 +136,13 @@ struct GemmArgs {
 };
 
 // Programmatic dependent launch (sm_90): the fp16 GEMM is launched so that its blocks may start while the
-// pre-pass still runs, and auto's tf32 GEMM so that its blocks may start while the fp16 GEMM still runs
-// (GemmLaunch::overlaps_previous). Each earlier kernel lets them as soon as each of its blocks has started,
-// and a later one reads nothing an earlier one writes (line ranges, the zeroed output, tf32_tiles_pending)
-// before wait_for_prior_grid(), which waits for the whole earlier grid (so for the pre-pass too, which the
-// fp16 GEMM waited for). A and B are complete before the pre-pass starts, so the GEMMs may load them first.
-// Both are no-ops without such a launch and before sm_90.
+// pre-pass still runs, auto's tf32 GEMM so that its blocks may start while the fp16 GEMM still runs
+// (GemmLaunch::overlaps_previous), and the next call's first kernel so that it may start while this call's
+// last one runs (zero_workspace_kernel). Each earlier kernel lets them as soon as each of its blocks has
+// started, and a later one reads nothing an earlier one writes (line ranges, the zeroed output,
+// tf32_tiles_pending) before wait_for_prior_grid(), which waits for the whole earlier grid (so for the
+// pre-pass too, which the fp16 GEMM waited for). A and B are complete before the pre-pass starts, so the
+// GEMMs may load them first. Both are no-ops without such a launch and before sm_90.
 __device__ __forceinline__ void allow_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -427,7 +428,13 @@ __device__ void strided_line_tile_ranges(const LinesArgs& args, const float* bas
 // starts as zeros. A kernel rather than cudaMemsetAsync, so that the grid pre-pass can be launched to overlap
 // it: the pre-pass's blocks read A and B at once and wait for this grid (wait_for_prior_grid) only before
 // their first merge, so that the zeroing and its launch gap are hidden behind those reads.
+// It is the first kernel of a call, and is itself launched to overlap whatever kernel came before it on the
+// stream (a call's last kernel lets it start early: allow_dependent_grid at the GEMMs' start), which hides
+// the launch gap between two calls. So it waits for that grid (and so for every grid still in flight before
+// it) before it writes the workspace, which may be the memory of the call before, and before it lets the
+// pre-pass start, which reads A and B at once: they may be the previous kernel's output.
 __global__ void __launch_bounds__(kPrepassThreads) zero_workspace_kernel(int* workspace, std::int64_t count) {
+  wait_for_prior_grid();
   allow_dependent_grid();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kPrepassThreads;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kPrepassThreads + threadIdx.x; i < count;
@@ -436,13 +443,11 @@ __global__ void __launch_bounds__(kPrepassThreads) zero_workspace_kernel(int* wo
   }
 }
 
-void launch_zero_workspace(int* workspace, std::int64_t count, int sm_count, cudaStream_t stream) {
+void launch_zero_workspace(int* workspace, std::int64_t count, int sm_count, bool overlap, cudaStream_t stream) {
   const std::int64_t blocks =
       std::min<std::int64_t>((count + kPrepassThreads - 1) / kPrepassThreads, std::int64_t{sm_count} * 4);
-  // (Not overlapped: the pre-pass after it reads A and B before it waits for a grid, so whatever wrote them
-  // must be complete before this kernel starts.)
   launch_kernel(zero_workspace_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kPrepassThreads), 0, stream,
-                /*overlap=*/false, workspace, count);
+                overlap, workspace, count);
 }
 
 // The whole pre-pass of a call in one launch (each kernel boundary costs a few microseconds, which small
@@ -927,7 +932,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   const Method method = args.method;
-  if (M == Method::fp16) allow_dependent_grid();  // auto's tf32 GEMM waits for this grid where it reads
+  allow_dependent_grid();  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either
   if (M == Method::tf32 && method == Method::automatic) {
     wait_for_prior_grid();  // the fp16 GEMM's tf32_tiles_pending
     if (*args.tf32_tiles_pending == 0) return;
@@ -1406,7 +1411,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     // host 1.4-12 us more per call: H200, two same-build pairs of runs).
     ranges = at::empty({3 * per + 1 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
     int* base = ranges.data_ptr<int>();
-    launch_zero_workspace(base, ranges.numel(), sm_count, stream);
+    launch_zero_workspace(base, ranges.numel(), sm_count, kernels.overlap_launches, stream);
     args.tf32_tiles_pending = base + 3 * per;
     const std::int64_t a_block = plan.batch * plan.m;
     args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
