@@ -48,6 +48,35 @@ def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, r
     raise RuntimeError("median_ms(host_ahead=True): the host did not get ahead of the GPU")
 
 
+def loop_ms(fn: Callable[[int], object], n_inputs: int = 1, calls: int = 40, rounds: int = 5) -> float:
+    """Median over `rounds` of the mean time per call, in milliseconds, of `calls` calls of fn(i) enqueued back
+    to back between one pair of CUDA events, the host kept ahead by a spin kernel (see median_ms). Unlike
+    median_ms, nothing is enqueued between the calls, so a call may overlap the one before it (as in a
+    training step's sequence of ops)."""
+    fn(0)
+    torch.cuda.synchronize()
+    per_call = []
+    spin_cycles = 200_000 * calls
+    while len(per_call) < rounds:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(spin_cycles)
+        spin_done = torch.cuda.Event()
+        spin_done.record()
+        start.record()
+        for i in range(calls):
+            fn(i % n_inputs)
+        end.record()
+        held = not spin_done.query()
+        torch.cuda.synchronize()
+        if held:
+            per_call.append(start.elapsed_time(end) / calls)
+        elif spin_cycles > 200_000 * calls * 4**5:
+            raise RuntimeError("loop_ms: the host did not get ahead of the GPU")
+        else:
+            spin_cycles *= 4
+    return statistics.median(per_call)
+
+
 def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, reps: int = 20) -> list:
     """Median time of each fn in milliseconds, the calls interleaved (fns[0], fns[1], ..., fns[0], ...) and
     each timed with its own pair of CUDA events: the fns see the same GPU state (clocks, other work), so

@@ -515,8 +515,9 @@ def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
 CHAIN_STEPS = ["auto", "fp16", "copy", "tf32", "auto", "torch_kernel", "fp16", "auto", "tf32", "copy", "auto"]
 
 
-def _run_chain(x, b, sync_each_step: bool) -> list:
-    """[(input, output)] of every corrected_matmul step of CHAIN_STEPS, starting from x."""
+def _run_chain(x, bs, sync_each_step: bool) -> list:
+    """[(input, b, output)] of every corrected_matmul step of CHAIN_STEPS, starting from x; the steps take
+    their b from bs in turn."""
     steps = []
     for step in CHAIN_STEPS:
         if step == "copy":
@@ -525,8 +526,9 @@ def _run_chain(x, b, sync_each_step: bool) -> list:
         elif step == "torch_kernel":
             y = x.neg()
         else:
+            b = bs[len(steps) % len(bs)]
             y = torch_wmmae.corrected_matmul(x, b, method=step)
-            steps.append((x, y))
+            steps.append((x, b, y))
         x = y
         if sync_each_step:
             torch.cuda.synchronize()
@@ -539,31 +541,35 @@ def _run_chain(x, b, sync_each_step: bool) -> list:
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
 def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, batch, n, split_k):
     """Every step is within the dot-product bound of its own input; deterministic chains give the same bits
-    as the same chain with the host waiting after every step (nothing overlaps then) and as its CUDA graph."""
-    b = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the chain's magnitudes)
+    as the same chain with the host waiting after every step (nothing overlaps then) and as its CUDA graph.
+    The steps' outputs alternate between magnitudes about 2^20 apart, so that a line scale taken from the
+    wrong data (a workspace zeroed too early, an input read before it was written) overflows or flushes the
+    fp16 split and fails the bound."""
+    unit = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the magnitudes)
+    bs = (unit * 2.0**20, unit * 2.0**-20)
     x0 = random_tensor(gen, (batch, n, n), "normal", "cuda")
     with deterministic(not split_k):
-        overlapped = _run_chain(x0, b, sync_each_step=False)
+        overlapped = _run_chain(x0, bs, sync_each_step=False)
         torch.cuda.synchronize()
-        for i, (x, y) in enumerate(overlapped):
+        for i, (x, b, y) in enumerate(overlapped):
             assert_matmul_within_dot_product_bound(y, x, b, f"step {i}: ")
         if split_k:
             return  # (split-K's and stream-K's atomics add in any order)
-        for i, ((_, y), (_, y_synced)) in enumerate(zip(overlapped, _run_chain(x0, b, sync_each_step=True))):
-            assert torch.equal(y, y_synced), f"step {i}"
+        for i, (step, synced) in enumerate(zip(overlapped, _run_chain(x0, bs, sync_each_step=True))):
+            assert torch.equal(step[2], synced[2]), f"step {i}"
         x_in = x0.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             x_in.neg_()  # (a kernel node before the first call's zeroing)
-            captured = _run_chain(x_in, b, sync_each_step=False)
+            captured = _run_chain(x_in, bs, sync_each_step=False)
         for replay in range(2):
             x_in.copy_(random_tensor(gen, x0.shape, "normal", "cuda"))
-            for _, y in captured:
+            for _, _, y in captured:
                 y.fill_(float("nan"))
             graph.replay()
-            eager = _run_chain(x_in, b, sync_each_step=False)  # (the replay negated x_in in place)
-            for i, ((_, y), (_, y_eager)) in enumerate(zip(captured, eager)):
-                assert torch.equal(y, y_eager), f"replay {replay}, step {i}"
+            eager = _run_chain(x_in, bs, sync_each_step=False)  # (the replay negated x_in in place)
+            for i, (step, step_eager) in enumerate(zip(captured, eager)):
+                assert torch.equal(step[2], step_eager[2]), f"replay {replay}, step {i}"
 
 
 READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")

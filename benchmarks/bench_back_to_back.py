@@ -1,0 +1,54 @@
+"""corrected_matmul called back to back, as in a training step's sequence of ops, against torch.matmul fp32.
+
+bench_corrected_matmul.py puts a pair of CUDA events around every call, so no call there can overlap the one
+before it. Here `calls` calls run between one pair of events (common.loop_ms, the host kept ahead), so a
+call's first kernel may start while the previous call's last one ends (programmatic dependent launch; see
+zero_workspace_kernel). Each row also has the per-call events' median (common.median_ms) of the same calls.
+Inputs are U(-1, 1) and rotate as in the main benchmark. Writes benchmarks/results/back_to_back.json and .md
+(or --out).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import torch_wmmae
+from common import header, inputs_for_rotation, loop_ms, median_ms, write_results
+
+# (batch, m, n, k): small calls, where a launch gap is a large part of the call, up to a mid-size square,
+# and the batched shapes of the main benchmark and the notes.
+SHAPES = [(1, 128, 1024, 4096), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048), (256, 128, 128, 128),
+          (8, 1024, 1024, 1024), (64, 512, 512, 512)]
+COLUMNS = ["m", "n", "k", "batch", "method", "loop_us", "per_call_us", "fp32_loop_us", "loop_speedup_vs_fp32"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    parser.add_argument("--calls", type=int, default=40)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for batch, m, n, k in SHAPES:
+        shape_a = (batch, m, k) if batch > 1 else (m, k)
+        shape_b = (batch, k, n) if batch > 1 else (k, n)
+        sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2)
+        a = [torch.rand(shape_a, device="cuda") * 2 - 1 for _ in range(sets)]
+        b = [torch.rand(shape_b, device="cuda") * 2 - 1 for _ in range(sets)]
+        fp32_us = 1000 * loop_ms(lambda i: torch.matmul(a[i], b[i]), sets, args.calls)
+        for method in ("auto", "fp16"):
+            call = lambda i: torch_wmmae.corrected_matmul(a[i], b[i], method=method)
+            loop_us = 1000 * loop_ms(call, sets, args.calls)
+            per_call_us = 1000 * median_ms(call, n_inputs=sets, warmup=3, reps=args.calls, host_ahead=True)
+            rows.append(dict(m=m, n=n, k=k, batch=batch, method=method, loop_us=loop_us, per_call_us=per_call_us,
+                             fp32_loop_us=fp32_us, loop_speedup_vs_fp32=fp32_us / loop_us))
+            print(f"{batch}x{m}x{n}x{k} {method:4s} back to back {loop_us:7.1f} us, per-call events "
+                  f"{per_call_us:7.1f} us, torch fp32 back to back {fp32_us:7.1f} us")
+    write_results("back_to_back", {**header(), "calls": args.calls, "rows": rows}, COLUMNS, args.out,
+                  "corrected_matmul back to back vs torch.matmul fp32")
+
+
+if __name__ == "__main__":
+    main()
