@@ -4,7 +4,7 @@ bench_corrected_matmul.py puts a pair of CUDA events around every call, so no ca
 before it. Here `calls` calls run between one pair of events (common.loop_ms, the host kept ahead), so a
 call's first kernel may start while the previous call's last one ends (programmatic dependent launch; see
 zero_workspace_kernel). Each row also has the per-call events' median (common.median_ms) of the same calls.
-Inputs are U(-1, 1) and rotate as in the main benchmark. Writes benchmarks/results/back_to_back.json and .md
+Inputs are U(-1, 1) and rotate as in the main benchmark (common.rotating_operands). Writes benchmarks/results/back_to_back.json and .md
 (or --out).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import torch
 
 import torch_wmmae
-from common import header, inputs_for_rotation, loop_ms, median_ms, write_results
+from common import header, loop_ms, median_ms, rotating_operands, write_results
 
 # (batch, m, n, k): small calls, where a launch gap is a large part of the call, up to a mid-size square,
 # and the batched shapes of the main benchmark and the notes.
@@ -32,11 +32,8 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
     for batch, m, n, k in SHAPES:
-        shape_a = (batch, m, k) if batch > 1 else (m, k)
-        shape_b = (batch, k, n) if batch > 1 else (k, n)
-        sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2)
-        a = [torch.rand(shape_a, device="cuda") * 2 - 1 for _ in range(sets)]
-        b = [torch.rand(shape_b, device="cuda") * 2 - 1 for _ in range(sets)]
+        a, b = rotating_operands(m, n, k, batch, l2)
+        sets = len(a)
         fp32_us = 1000 * loop_ms(lambda i: torch.matmul(a[i], b[i]), sets, args.calls)
         for method in ("auto", "fp16"):
             call = lambda i: torch_wmmae.corrected_matmul(a[i], b[i], method=method)

@@ -20,7 +20,7 @@ import time
 import torch
 
 import torch_wmmae
-from common import header, inputs_for_rotation, median_ms, write_results
+from common import header, median_ms, rotating_operands, write_results
 
 METHODS = ("auto", "fp16", "tf32")
 
@@ -34,22 +34,11 @@ def reference_rows(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.matmul(a[..., :rows, :].double(), b.double())
 
 
-def random_inputs(shape, dist: str, gen: torch.Generator) -> torch.Tensor:
-    if dist == "uniform":
-        return torch.rand(shape, device="cuda", generator=gen) * 2 - 1
-    return torch.randn(shape, device="cuda", generator=gen)
-
-
 def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=METHODS, err_rows: int = 512,
                 dist: str = "uniform") -> list:
     flop = 2.0 * batch * m * n * k
-    shape_a = (batch, m, k) if batch > 1 else (m, k)
-    shape_b = (batch, k, n) if batch > 1 else (k, n)
-    set_bytes = 4 * batch * (m * k + k * n + m * n)
-    sets = inputs_for_rotation(set_bytes, l2)
-    gen = torch.Generator(device="cuda").manual_seed(1234 + m + n + k)
-    a_sets = [random_inputs(shape_a, dist, gen) for _ in range(sets)]
-    b_sets = [random_inputs(shape_b, dist, gen) for _ in range(sets)]
+    a_sets, b_sets = rotating_operands(m, n, k, batch, l2, dist)
+    sets = len(a_sets)
     rows = min(m, err_rows)
     ref = reference_rows(a_sets[0], b_sets[0], rows)
 

@@ -13,6 +13,23 @@ import torch
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def _enqueued_behind_spin(enqueue: Callable[[], object], spin_cycles: int, who: str):
+    """Queues a spin kernel that holds the GPU (the "blocking kernel" of NVIDIA's nvbench), then enqueue(),
+    then synchronizes, and returns what enqueue() returned, once the spin was still running when enqueue()
+    had returned, so that the GPU never waited for the host. Otherwise it tries again with a 4x longer spin."""
+    for _ in range(6):
+        torch.cuda._sleep(spin_cycles)
+        spin_done = torch.cuda.Event()
+        spin_done.record()
+        result = enqueue()
+        held = not spin_done.query()  # still spinning: everything was enqueued in time
+        torch.cuda.synchronize()
+        if held:
+            return result
+        spin_cycles *= 4
+    raise RuntimeError(f"{who}: the host did not get ahead of the GPU")
+
+
 def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, reps: int = 20,
               host_ahead: bool = False) -> float:
     """Median time of fn(i) in milliseconds, i cycling over n_inputs input sets (so that repeated calls do
@@ -21,60 +38,69 @@ def median_ms(fn: Callable[[int], object], n_inputs: int = 1, warmup: int = 3, r
     host_ahead=False: the GPU is idle when the first call is enqueued, so a call whose GPU work is shorter
     than the host's time to enqueue it is timed at the host's pace (launch latency included).
     host_ahead=True: a spin kernel is queued first and holds the GPU until the host has enqueued every timed
-    call (the "blocking kernel" of NVIDIA's nvbench), so the events measure the calls' GPU time: kernels and
-    the gaps between them, without the host's launch latency. Checked: if the spin ends before the host has
-    enqueued the last call, it is repeated with a longer spin.
+    call (_enqueued_behind_spin), so the events measure the calls' GPU time: kernels and the gaps between
+    them, without the host's launch latency.
     """
     for i in range(warmup):
         fn(i % n_inputs)
     torch.cuda.synchronize()
-    spin_cycles = 200_000 * reps  # ~100 us per call at 2 GHz, against 20-60 us of host time per call
-    for _ in range(6):
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        if host_ahead:
-            torch.cuda._sleep(spin_cycles)
-            spin_done = torch.cuda.Event()
-            spin_done.record()
-        for i in range(reps):
-            starts[i].record()
+
+    def enqueue():
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for i, (start, end) in enumerate(events):
+            start.record()
             fn(i % n_inputs)
-            ends[i].record()
-        held = not host_ahead or not spin_done.query()  # still spinning: every call was enqueued in time
+            end.record()
+        return events
+
+    if host_ahead:  # ~100 us of spin per call at 2 GHz, against 20-60 us of host time per call
+        events = _enqueued_behind_spin(enqueue, 200_000 * reps, "median_ms(host_ahead=True)")
+    else:
+        events = enqueue()
         torch.cuda.synchronize()
-        if held:
-            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-        spin_cycles *= 4
-    raise RuntimeError("median_ms(host_ahead=True): the host did not get ahead of the GPU")
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def loop_ms(fn: Callable[[int], object], n_inputs: int = 1, calls: int = 40, rounds: int = 5) -> float:
     """Median over `rounds` of the mean time per call, in milliseconds, of `calls` calls of fn(i) enqueued back
-    to back between one pair of CUDA events, the host kept ahead by a spin kernel (see median_ms). Unlike
-    median_ms, nothing is enqueued between the calls, so a call may overlap the one before it (as in a
-    training step's sequence of ops)."""
+    to back between one pair of CUDA events, the host kept ahead (_enqueued_behind_spin). Unlike median_ms,
+    nothing is enqueued between the calls, so a call may overlap the one before it (as in a training step's
+    sequence of ops)."""
     fn(0)
     torch.cuda.synchronize()
-    per_call = []
-    spin_cycles = 200_000 * calls
-    while len(per_call) < rounds:
+
+    def enqueue():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(spin_cycles)
-        spin_done = torch.cuda.Event()
-        spin_done.record()
         start.record()
         for i in range(calls):
             fn(i % n_inputs)
         end.record()
-        held = not spin_done.query()
-        torch.cuda.synchronize()
-        if held:
-            per_call.append(start.elapsed_time(end) / calls)
-        elif spin_cycles > 200_000 * calls * 4**5:
-            raise RuntimeError("loop_ms: the host did not get ahead of the GPU")
-        else:
-            spin_cycles *= 4
+        return start, end
+
+    per_call = []
+    for _ in range(rounds):
+        start, end = _enqueued_behind_spin(enqueue, 200_000 * calls, "loop_ms")
+        per_call.append(start.elapsed_time(end) / calls)
     return statistics.median(per_call)
+
+
+def random_inputs(shape, dist: str, gen: torch.Generator) -> torch.Tensor:
+    """U(-1, 1) ("uniform": torch.rand * 2 - 1) or N(0, 1) float32 values on the GPU."""
+    if dist == "uniform":
+        return torch.rand(shape, device="cuda", generator=gen) * 2 - 1
+    return torch.randn(shape, device="cuda", generator=gen)
+
+
+def rotating_operands(m: int, n: int, k: int, batch: int, l2_bytes: int, dist: str = "uniform") -> tuple:
+    """(a_sets, b_sets): as many input sets of a (m x k) and b (k x n), batched where batch > 1, as make one
+    rotation of inputs and outputs larger than ~3x the L2 (inputs_for_rotation); seeded by the shape."""
+    shape_a = (batch, m, k) if batch > 1 else (m, k)
+    shape_b = (batch, k, n) if batch > 1 else (k, n)
+    sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2_bytes)
+    gen = torch.Generator(device="cuda").manual_seed(1234 + m + n + k)
+    a_sets = [random_inputs(shape_a, dist, gen) for _ in range(sets)]
+    b_sets = [random_inputs(shape_b, dist, gen) for _ in range(sets)]
+    return a_sets, b_sets
 
 
 def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, reps: int = 20) -> list:
