@@ -331,7 +331,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
   allow_dependent_grid();  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either
-  if constexpr (!kTf32) stagger_start(args.start_stagger_blocks);
+  // (Not compiled beside the resident pre-pass, whose launches are never staggered: there it put a
+  // local-memory access into the stage loop of the instantiation with B column-major.)
+  if constexpr (!kTf32 && !kBesidePrepass) stagger_start(args.start_stagger_blocks);
   if constexpr (kTf32) {
     if (args.method == Method::automatic) {  // auto's tiles that are not fp16-safe: launched after the fp16 GEMM
       wait_for_prior_grid();                 // (which let it start early) for its tf32_tiles_pending
