@@ -1265,27 +1265,24 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     GemmLaunch fp16_launch = launch;
     if constexpr (kTma) {
       if (launch.persistent_batch_slots > 0) fp16_launch.grid.z = launch.persistent_batch_slots;
+      if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
+        constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
+        prefer_max_shared_carveout<kernel>();
+        launch_with_smem<kernel>(Cfg::kSmemBytes, fp16_launch, args, maps);
+        return;
+      }
     }
     // The first wave starts staggered (sm90::stagger_start) where it fills at least half of the SMs (fewer
     // blocks hardly meet each other's memory traffic) and each block has at least 12 k-stages of work: the
     // delay, up to 3 us, is a large part of shorter calls (about 20 us at 128 x 448 x 4096, 4 stages per
-    // block), where the A/B could not resolve its effect. Not beside the resident pre-pass, whose blocks start
-    // as their batch entries' lines are ready, one entry after the other (H100, 64 x 512^3 and 8 x 1024^3: the
-    // same or up to 1% slower staggered).
+    // block), where the A/B could not resolve its effect. Never beside the resident pre-pass (above), whose
+    // blocks start as their batch entries' lines are ready, one entry after the other (H100, 64 x 512^3 and
+    // 8 x 1024^3: the same or up to 1% slower staggered).
     GemmArgs fp16_args = args;
     const std::int64_t blocks = std::int64_t{fp16_launch.grid.x} * fp16_launch.grid.y * fp16_launch.grid.z;
     const std::int64_t stages = gemm_tiles(args.m, args.n) * gemm_k_stages(args.k) * args.num_batches;
-    const bool staggered =
-        2 * blocks >= launch.sm_count && stages >= 12 * blocks && args.prepass_items_done == nullptr;
+    const bool staggered = 2 * blocks >= launch.sm_count && stages >= 12 * blocks;
     fp16_args.start_stagger_blocks = staggered ? launch.sm_count : 0;
-    if constexpr (kTma) {
-      if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
-        constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
-        prefer_max_shared_carveout<kernel>();
-        launch_with_smem<kernel>(Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
-        return;
-      }
-    }
     if (sm90_read_back(args)) {
       launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false>>(
           Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
