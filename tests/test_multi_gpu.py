@@ -109,11 +109,13 @@ def test_both_devices_at_once_give_the_same_bits(gen):
 # Each schedule of corrected_matmul's CUDA GEMM (see README "Kernel design"): (a shape, b shape, environment,
 # deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
 # persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its tf32 GEMM),
-# stream-K and split-K (atomics: bound only, not bits).
+# a grid whose first wave starts staggered (at least half as many blocks as SMs, 12 k-stages each: the
+# device's SM count sets the delays), stream-K and split-K (atomics: bound only, not bits).
 SCHEDULES = {
     "resident_prepass": ((6, 200, 300), (6, 300, 136), {}, True, "fp16", "resident_prepass_kernel"),
     "persistent_batch_slots": ((None, 200, 100), (None, 100, 136), {}, True, "fp16", None),
     "auto_tf32_tiles": ((6, 200, 300), (6, 300, 136), {}, True, "auto", "corrected_gemm_sm90_tf32_kernel"),
+    "staggered_grid": ((2048, 2048), (2048, 2048), {}, True, "fp16", None),
     "stream_k": ((200, 3000), (3000, 300), {"TORCH_WMMAE_STREAM_K": "1"}, False, "fp16", None),
     "split_k": ((2, 64, 8192), (2, 8192, 64), {}, False, "fp16", None),
 }
