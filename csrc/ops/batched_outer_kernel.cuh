@@ -13,9 +13,9 @@
 // fp16/bf16 inputs: every product that float32 can hold exactly comes out exact (all fp16 products;
 // bf16 products within float32's normal range), and alpha is added with one rounding.
 // fp32 inputs: each value is split into three bf16 terms (u = u0 + u1 + u2 exactly when 2^-109 <= |u| <
-// 2^127); the nine products u_a v_b^T sit in the k dimension of one m16n16k16 bf16 mma. A tile with a value
-// outside that range (Inf, NaN, near FLT_MAX where bf16 rounding overflows, tiny or subnormal where the
-// lower terms lose bits) is computed in fp32 on the CUDA cores instead.
+// 2^127); the nine products u_a v_b^T sit in the k dimension of one m16n16k16 bf16 mma (at k = 4a + b). A
+// tile with a value outside that range (Inf, NaN, near FLT_MAX where bf16 rounding overflows, tiny or
+// subnormal where the lower terms lose bits) is computed in fp32 on the CUDA cores instead.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -60,8 +60,8 @@ struct Args {
 // 1 KiB of each input vector per unit. 16-bit inputs, H200, same run, fp16 -> fp32 at 64 KiB against
 // 16 KiB: n = 16, batch 2^20: 88% of the copy bandwidth against 85%; n = 32: 91% against 87%; n = 48: 88%
 // against 83%; n = 64: 93% against 87%; only n = 16 at batch 2^17 (a 35 us kernel, where fewer units leave a
-// longer tail) lost, 86% against 87%. fp32 inputs (bound by their split's instructions) keep 16 KiB: not
-// measured.
+// longer tail) lost, 86% against 87%. fp32 inputs keep 16 KiB: at most 1 KiB of input makes that for n = 16,
+// and larger units were not measured for them.
 template <class In>
 constexpr std::int64_t unit_bytes() { return sizeof(In) == 2 ? 64 << 10 : 16 << 10; }
 template <class In>
@@ -248,20 +248,44 @@ __device__ __forceinline__ void wait_async_all_but_newest() {
 #endif
 }
 
-// Whether bf16x3_term splits v exactly (zero included).
+// Whether bf16x3_split splits v exactly (zero included).
 __device__ __forceinline__ bool bf16x3_exact(float v) {
   const float a = fabsf(v);
   return v == 0.0f || (a >= 0x1p-109f && a < 0x1p127f);  // false for Inf and NaN
 }
 
-// Term `which` (0, 1 or 2) of the three bf16 terms of an fp32 value: v = t0 + t1 + t2 exactly for normal
-// values. Selected arithmetically: a run-time index into a small array would put it in local memory.
-__device__ __forceinline__ __nv_bfloat16 bf16x3_term(float v, int which) {
+// The three bf16 terms of an fp32 value: v = t0 + t1 + t2 exactly for normal values. Packed as t0 | t1 << 16 |
+// t2 << 32, so that picking a term is a shift: made once per value, with a select per element, the compiler
+// branched and split again per element (a run-time index into an array would put it in local memory).
+struct Bf16x3 {
+  unsigned long long packed;
+};
+__device__ __forceinline__ Bf16x3 bf16x3_split(float v) {
   const __nv_bfloat16 t0 = __float2bfloat16_rn(v);
   const float r1 = v - __bfloat162float(t0);
   const __nv_bfloat16 t1 = __float2bfloat16_rn(r1);
   const __nv_bfloat16 t2 = __float2bfloat16_rn(r1 - __bfloat162float(t1));
-  return which == 0 ? t0 : (which == 1 ? t1 : t2);
+  const unsigned int low = __bfloat16_as_ushort(t0) | static_cast<unsigned int>(__bfloat16_as_ushort(t1)) << 16;
+  return {low | static_cast<unsigned long long>(__bfloat16_as_ushort(t2)) << 32};
+}
+// Term `which` (0, 1 or 2; 3: zero) of a split.
+__device__ __forceinline__ __nv_bfloat16 bf16x3_pick(Bf16x3 s, int which) {
+  return __ushort_as_bfloat16(static_cast<unsigned short>(s.packed >> (16 * which)));
+}
+
+// fp32 inputs: the product of u's term a and v's term b sits at k = 4a + b of the bf16 mma (a, b < 3); A holds
+// zeros at k >= 12, B at those and at b = 3. In base 4 rather than 3a + b, so that the two elements of an
+// A register, k = 2c and 2c + 1 in the m16n16k16 operand layouts, take the same term of the same u_i, and the
+// selects by term cost fewer instructions (the k -> term arithmetic is shifts and masks instead of a division).
+__device__ __forceinline__ int u_term_at(int k) { return k >> 2; }
+__device__ __forceinline__ int v_term_at(int k) { return k & 3; }
+
+// p[i] for i < count, else 0 (count >= 1). The read itself is unconditional, at a clamped index: the
+// elements of a fragment that share a row (or column) then share one load, and the split and the check of
+// its value, where a conditional read per element made the compiler load and split again for each element.
+__device__ __forceinline__ float clamped_read(const float* p, int i, int count) {
+  const float x = p[min(i, count - 1)];
+  return i < count ? x : 0.0f;
 }
 
 // Whether an element of the mma's result is the exact product u_i v_j (the k = 0 term is its only nonzero
@@ -318,17 +342,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
   wmmae::foreach_diagonal(alpha_diagonal, [&](auto xs, int) { wmmae::assign(alpha_diagonal, xs, alpha); });
 
   // Operand fragments from the staged slices: u in the first column of A, v in the first row of B (fp32:
-  // the nine bf16 term pairs along k). Returns false when a value cannot be split exactly (fp32 only).
+  // the nine bf16 term pairs along k, see u_term_at). Returns false when a value cannot be split exactly (fp32
+  // only).
   auto load_a = [&](FragA& a, const In* p, int count) {
     if constexpr (!kSplitFp32) {
       wmmae::load_vector(a, p, count);
       return true;
     } else {
-      bool exact = true;  // k = 3 * (term of u) + (term of v) for k < 9, zero beyond
+      bool exact = true;
       wmmae::foreach_ij(a, [&](auto xs, int i, int k) {
-        const float x = i < count ? p[i] : 0.0f;
+        const float x = clamped_read(p, i, count);
         exact &= bf16x3_exact(x);
-        wmmae::assign(a, xs, k < 9 ? bf16x3_term(x, k / 3) : __float2bfloat16_rn(0.0f));
+        wmmae::assign(a, xs, bf16x3_pick(bf16x3_split(x), u_term_at(k)));
       });
       return exact;
     }
@@ -340,9 +365,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
     } else {
       bool exact = true;
       wmmae::foreach_ij(b, [&](auto xs, int k, int j) {
-        const float y = j < count ? p[j] : 0.0f;
+        const float y = clamped_read(p, j, count);
         exact &= bf16x3_exact(y);
-        wmmae::assign(b, xs, k < 9 ? bf16x3_term(y, k % 3) : __float2bfloat16_rn(0.0f));
+        wmmae::assign(b, xs, bf16x3_pick(bf16x3_split(y), u_term_at(k) < 3 ? v_term_at(k) : 3));
       });
       return exact;
     }
