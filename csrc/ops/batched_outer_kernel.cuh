@@ -255,8 +255,9 @@ __device__ __forceinline__ bool bf16x3_exact(float v) {
 }
 
 // The three bf16 terms of an fp32 value: v = t0 + t1 + t2 exactly for normal values. Packed as t0 | t1 << 16 |
-// t2 << 32, so that picking a term is a shift: made once per value, with a select per element, the compiler
-// branched and split again per element (a run-time index into an array would put it in local memory).
+// t2 << 32, so that picking a term is a shift. (Picked by selects, the terms were split again per fragment
+// element: the compiler turned the selects into branches; a run-time index into an array would put them in
+// local memory.)
 struct Bf16x3 {
   unsigned long long packed;
 };
@@ -367,7 +368,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
       wmmae::foreach_ij(b, [&](auto xs, int k, int j) {
         const float y = clamped_read(p, j, count);
         exact &= bf16x3_exact(y);
-        wmmae::assign(b, xs, bf16x3_pick(bf16x3_split(y), u_term_at(k) < 3 ? v_term_at(k) : 3));
+        wmmae::assign(b, xs, bf16x3_pick(bf16x3_split(y), u_term_at(k) < 3 ? v_term_at(k) : 3));  // 3: zero
       });
       return exact;
     }
