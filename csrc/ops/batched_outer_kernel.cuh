@@ -274,12 +274,13 @@ __device__ __forceinline__ __nv_bfloat16 bf16x3_pick(Bf16x3 s, int which) {
   return __ushort_as_bfloat16(static_cast<unsigned short>(s.packed >> (16 * which)));
 }
 
-// fp32 inputs: the product of u's term a and v's term b sits at k = 4a + b of the bf16 mma (a, b < 3); A holds
-// zeros at k >= 12, B at those and at b = 3. In base 4 rather than 3a + b, so that the two elements of an
-// A register, k = 2c and 2c + 1 in the m16n16k16 operand layouts, take the same term of the same u_i, and the
-// selects by term cost fewer instructions (the k -> term arithmetic is shifts and masks instead of a division).
+// fp32 inputs: the product of u's term a and v's term b sits at k = 4a + b of the bf16 mma (a, b < 3). The term
+// of each operand at k, 3 (bf16x3_pick's zero) where the slot holds no product: A at k >= 12, B there and at
+// b = 3. In base 4 rather than 3a + b, so that the two elements of an A register, k = 2c and 2c + 1 in the
+// m16n16k16 operand layouts, take the same term of the same u_i, and the selects by term cost fewer
+// instructions (the k -> term arithmetic is shifts and masks instead of a division).
 __device__ __forceinline__ int u_term_at(int k) { return k >> 2; }
-__device__ __forceinline__ int v_term_at(int k) { return k & 3; }
+__device__ __forceinline__ int v_term_at(int k) { return k < 12 ? k & 3 : 3; }
 
 // p[i] for i < count, else 0 (count >= 1). The read itself is unconditional, at a clamped index: the
 // elements of a fragment that share a row (or column) then share one load, and the split and the check of
@@ -368,7 +369,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocksPerSm) batched_
       wmmae::foreach_ij(b, [&](auto xs, int k, int j) {
         const float y = clamped_read(p, j, count);
         exact &= bf16x3_exact(y);
-        wmmae::assign(b, xs, bf16x3_pick(bf16x3_split(y), u_term_at(k) < 3 ? v_term_at(k) : 3));  // 3: zero
+        wmmae::assign(b, xs, bf16x3_pick(bf16x3_split(y), v_term_at(k)));
       });
       return exact;
     }
