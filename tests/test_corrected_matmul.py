@@ -430,6 +430,62 @@ def test_auto_takes_fp16_exactly_up_to_the_span_limit(device, gen, span):
 
 
 # --------------------------------------------------------------------------------------------------------
+# The ends of float32's range: "auto" and "tf32" scale lines by powers of two (line_shift), so that no
+# residual falls into float32's subnormals and no high part overflows
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("exp", [-100, -118, -126, -134, -145])
+@pytest.mark.parametrize("operand", ["a", "b"])
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_tiny_operands_keep_float32_accuracy(device, gen, method, operand, exp):
+    """One operand's magnitudes about 2^exp (subnormal from -126 on), the other's about 2^(-exp - 60), so
+    that the results are normal floats: the products are as accurate as float32's. Unscaled, the tf32
+    residual of an element below about 2^-115 lost its bits in float32's subnormals (2^-126: 3000 times
+    float32's error; 2^-140: every output 0)."""
+    m, n, k = 24, 20, 96
+    a = random_tensor(gen, (m, k), "normal", dtype=torch.float64)
+    b = random_tensor(gen, (k, n), "normal", dtype=torch.float64)
+    small, large = (a, b) if operand == "a" else (b, a)
+    small *= 2.0**exp
+    large *= 2.0 ** (-exp - 60)
+    a, b = a.float().to(device), b.float().to(device)
+    out = corrected_matmul(a, b, method=method)
+    err, err32 = componentwise_err(out, a, b), componentwise_err(torch.matmul(a, b), a, b)
+    assert err <= SPLIT_SLACK * max(err32, U32), f"{err:.3e} vs float32 {err32:.3e}"
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_rows_spanning_2_121_down_to_2_130(device, gen, method):
+    """Rows of a spanning 2^121 with their smallest elements near 2^-130 (and b's columns reaching 2^121), a
+    b = 2^-10 a' b' exactly (see _inner_scaled): every element counts, and each keeps its bits after its row's
+    power-of-two scaling (unscaled, the tf32 split had about 1500 times float32's error here)."""
+    a, b = _inner_scaled(gen, 33, 29, 256, span_exp=60, device=device)
+    check_against_fp32(a * 2.0**-70, b * 2.0**60, method, slack=SPLIT_SLACK)
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_one_tiny_element_that_makes_the_output(device, method):
+    """a = [1, 2^-140], b = [0, 2^120]^T: the product is the tiny element's alone, 2^-20, which float32 forms
+    exactly."""
+    a = torch.tensor([[1.0, 2.0**-140]], device=device)
+    b = torch.tensor([[0.0], [2.0**120]], device=device)
+    assert torch.equal(corrected_matmul(a, b, method=method), torch.full((1, 1), 2.0**-20, device=device))
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_products_next_to_float32_max_stay_finite(device, gen, method):
+    """Elements just below 2^64 (tf32's high part rounds them up to 2^64): their products reach float32's
+    largest finite values but do not overflow."""
+    x = float.fromhex("0x1.fffffep+63")
+    a = torch.full((3, 5), x, device=device)
+    a[:, 1:] = (random_tensor(gen, (3, 4), "positive") * 2.0**40).to(device)
+    b = torch.zeros(5, 4, device=device)
+    b[0] = x
+    out = corrected_matmul(a, b, method=method)
+    ref = torch.matmul(a.double(), b.double())
+    assert torch.isfinite(out).all() and torch.equal(out, ref.float())
+
+
+# --------------------------------------------------------------------------------------------------------
 # Inf / NaN
 # --------------------------------------------------------------------------------------------------------
 def _special_masks(t: torch.Tensor):
@@ -477,6 +533,26 @@ def test_inf_times_positive_is_inf_not_nan(device, gen, method, operand, sign):
     mask = torch.isinf(out)
     assert mask.sum().item() == inf_part.numel()
     assert torch.equal(mask, torch.isinf(torch.matmul(a, b)))
+
+
+@pytest.mark.parametrize("operand", ["a", "b"])
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_inf_times_a_tiny_element_is_inf_not_nan(device, gen, method, operand):
+    """An Inf meeting an element far below its line's largest (2^-140 beside 2^100: even after the line's
+    scaling the element lies below tf32's reach) gives Inf, as in float32, not Inf * 0 = NaN."""
+    m, n, k = 6, 7, 24
+    a = 0.5 + random_tensor(gen, (m, k), "positive")
+    b = 0.5 + random_tensor(gen, (k, n), "positive")
+    if operand == "a":
+        a[2, 5], b[5, 3], b[9, 3] = math.inf, 2.0**-140, 2.0**100
+    else:
+        b[5, 3], a[2, 5], a[2, 9] = math.inf, 2.0**-140, 2.0**100
+    a, b = a.to(device), b.to(device)
+    out = corrected_matmul(a, b, method=method)
+    expected = torch.matmul(a, b)
+    assert expected[2, 3].item() == math.inf
+    for got, want, name in zip(_special_masks(out), _special_masks(expected), ["NaN", "+Inf", "-Inf"]):
+        assert torch.equal(got, want), f"{name} positions differ"
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -114,9 +114,8 @@ def test_corrected_matmul_flush_paths(gemm_device, gen, case):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("schedule", ["split_k", "stream_k"])
 def test_corrected_matmul_split_k_output_starts_from_garbage(gen, monkeypatch, method, schedule):
-    """With split-K or stream-K the GEMM adds into the output, which the pre-pass (fp16, auto) or a fill (tf32)
-    zeroes first: an output block that the caching allocator hands back full of NaN must not leak into the
-    result."""
+    """With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes first: an output
+    block that the caching allocator hands back full of NaN must not leak into the result."""
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1" if schedule == "stream_k" else "0")
     a = random_tensor(gen, (48, 2100), "normal", "cuda")
     b = random_tensor(gen, (2100, 40), "normal", "cuda")

@@ -39,10 +39,11 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     Args:
         method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``
             and column of ``b`` by a power of two; accurate while the exponents of each row/column span at
-            most 28 (magnitudes within 2^29; smaller elements of wider rows lose bits). ``"tf32"`` splits
-            into tf32 hi + tf32 residual, accurate over the whole fp32 range. ``"auto"`` (default) uses fp16
-            where every row and column involved is fp16-safe and tf32 elsewhere; it decides on the device
-            (no host sync).
+            most 28 (magnitudes within 2^29; smaller elements of wider rows lose bits) and its largest
+            element is at least 2^-113. ``"tf32"`` splits into tf32 hi + tf32 residual after a power-of-two
+            scaling of each row/column that keeps clear of fp32's subnormals and overflow: accurate over the
+            whole fp32 range (to 22 of 24 bits per element). ``"auto"`` (default) uses fp16 where every row
+            and column involved is fp16-safe and tf32 elsewhere; it decides on the device (no host sync).
     """
     _require_tensor("corrected_matmul", "a", a)
     _require_tensor("corrected_matmul", "b", b)

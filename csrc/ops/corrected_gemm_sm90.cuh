@@ -17,9 +17,9 @@
 //   asynchronous, while the next stage of B is split; the last correction products of a stage still run
 //   while the next stage starts (B's hi/lo tiles are triple-buffered for that).
 // - The tf32 method (corrected_gemm_sm90_tf32_kernel; also auto's tiles that are not fp16-safe): the same
-//   kernel with tf32 hi and residual (no scaling: tf32 has float32's exponent range), k-steps of 8 (four per
-//   stage), B's hi/lo tiles K-major with 4-byte elements and double-buffered, so each stage's products end
-//   before the next stage's barrier.
+//   kernel with tf32 hi and residual (the lines scaled only to keep clear of float32's subnormals and
+//   overflow, see line_shift), k-steps of 8 (four per stage), B's hi/lo tiles K-major with 4-byte elements
+//   and double-buffered, so each stage's products end before the next stage's barrier.
 #pragma once
 
 #include <type_traits>
@@ -86,9 +86,10 @@ template <Method kM>
 constexpr int split_tile_bytes() { return kM == Method::tf32 ? kTf32SplitTileBytes : kSplitTileBytes; }
 template <Method kM>
 constexpr int split_buffers() { return kM == Method::tf32 ? kTf32SplitBuffers : kSplitBuffers; }
-// v split into tf32 hi and residual (wmmae::split_tf32), as the 32-bit patterns wgmma reads.
-__device__ __forceinline__ void split_tf32_bits(float v, std::uint32_t& hi, std::uint32_t& lo) {
-  const wmmae::Tf32Split x = wmmae::split_tf32(v);
+// v times its line's scale split into tf32 hi and residual (split_tf32_scaled), as the 32-bit patterns wgmma
+// reads.
+__device__ __forceinline__ void split_tf32_bits(float v, float scale, std::uint32_t& hi, std::uint32_t& lo) {
+  const wmmae::Tf32Split x = split_tf32_scaled(v, scale);
   hi = __float_as_uint(x.hi);
   lo = __float_as_uint(x.lo);
 }
@@ -322,7 +323,7 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // chunk flush reads the earlier chunks' partial sums back in one batch (see sm90_read_back for where).
 // kBesidePrepass: the blocks share their SMs with the resident pre-pass and wait for their batch entry's line
 // ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid. kM: the fp16 method, or the tf32
-// method (corrected_gemm_sm90_tf32_kernel: tf32 hi and residual, k-steps of 8, no scaling; the method's
+// method (corrected_gemm_sm90_tf32_kernel: tf32 hi and residual, k-steps of 8; the method's
 // tiles of "auto" too, after the fp16 GEMM).
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps) {
@@ -586,6 +587,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     if constexpr (kBMnMajor) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) b_scale[e] = scales.b_scale[b_mn_col + e];
+    } else if constexpr (kTf32) {
+      b_scale[0] = scales.b_scale[tf32_n];  // (one column per thread, see b_tf32_off)
     } else {
       b_scale[0] = scales.b_scale[b_split_col(0)];
       b_scale[1] = scales.b_scale[b_split_col(1)];
@@ -618,10 +621,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint4 h, l;
-          split_tf32_bits(q[j].x, h.x, l.x);
-          split_tf32_bits(q[j].y, h.y, l.y);
-          split_tf32_bits(q[j].z, h.z, l.z);
-          split_tf32_bits(q[j].w, h.w, l.w);
+          split_tf32_bits(q[j].x, b_scale[0], h.x, l.x);
+          split_tf32_bits(q[j].y, b_scale[0], h.y, l.y);
+          split_tf32_bits(q[j].z, b_scale[0], h.z, l.z);
+          split_tf32_bits(q[j].w, b_scale[0], h.w, l.w);
           *reinterpret_cast<uint4*>(hi + j * 2 * kLbo) = h;
           *reinterpret_cast<uint4*>(lo + j * 2 * kLbo) = l;
         }
@@ -683,7 +686,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       fence_proxy_async();  // wgmma reads these tiles after the next barrier
     };
     // A's fragment for k-step s of a stage: loaded (fp32), then split into hi and scaled residual (fp16: 16 k,
-    // pairs of k per register; tf32: 8 k, one per register, no scaling).
+    // pairs of k per register; tf32: 8 k, one per register, no residual scale).
     using AFragment = std::conditional_t<kTf32, float[4], float2[4]>;
     auto load_a = [&](const float* stage, int s, AFragment& v) {
       const unsigned char* src = reinterpret_cast<const unsigned char*>(stage);
@@ -712,7 +715,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     auto split_a = [&](const AFragment& v, std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
       if constexpr (kTf32) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) split_tf32_bits(v[i], hi[i], lo[i]);
+        for (int i = 0; i < 4; ++i) split_tf32_bits(v[i], a_scale[i & 1], hi[i], lo[i]);
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

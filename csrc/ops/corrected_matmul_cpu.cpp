@@ -5,7 +5,7 @@
 //   main += fp32( sum_k hiA*hiB )              (exact products, fp32 sum; added outside the tensor core)
 //   corr += fp32( sum_k loA*hiB ); corr += fp32( sum_k hiA*loB )   (chained in their own accumulator)
 // chunk = main + corr * lo_unscale (a non-finite main is taken as it is: an Inf times a residual must not
-// turn into NaN); the chunks are summed in fp32, then the power-of-two row/column scaling (fp16) is undone.
+// turn into NaN); the chunks are summed in fp32, then the power-of-two row/column scaling is undone.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -28,8 +28,8 @@ struct HostHalfRounding {
 struct SplitOperand {
   std::int64_t rows, k;
   std::vector<float> fp16_hi, fp16_lo, tf32_hi, tf32_lo;
-  std::vector<int> shift;        // fp16 power-of-two scaling exponent per row
-  std::vector<char> fp16_ok;     // row is accurate in the fp16 split
+  std::vector<int> fp16_shift, tf32_shift;  // power-of-two scaling exponent per row (line_shift)
+  std::vector<char> fp16_ok;                 // row is accurate in the fp16 split
 };
 
 // `mat` is [rows, k] (A as is, B transposed): any strides.
@@ -42,7 +42,8 @@ SplitOperand split_operand(const at::Tensor& mat) {
   s.fp16_lo.resize(total);
   s.tf32_hi.resize(total);
   s.tf32_lo.resize(total);
-  s.shift.resize(s.rows);
+  s.fp16_shift.resize(s.rows);
+  s.tf32_shift.resize(s.rows);
   s.fp16_ok.resize(s.rows);
   const auto acc = mat.accessor<float, 2>();
   at::parallel_for(0, s.rows, 1, [&](std::int64_t begin, std::int64_t end) {
@@ -50,17 +51,18 @@ SplitOperand split_operand(const at::Tensor& mat) {
       MagnitudeBits magnitudes = MagnitudeBits::none();
       for (std::int64_t k = 0; k < s.k; ++k) magnitudes.include(acc[r][k]);
       const ExponentRange range = magnitudes.exponent_range();
-      const int shift = fp16_shift(range);
-      s.shift[r] = shift;
+      const int fp16_shift = line_shift<Method::fp16>(range), tf32_shift = line_shift<Method::tf32>(range);
+      s.fp16_shift[r] = fp16_shift;
+      s.tf32_shift[r] = tf32_shift;
       s.fp16_ok[r] = fp16_safe(range);
       for (std::int64_t k = 0; k < s.k; ++k) {
         const float v = acc[r][k];
         const std::size_t i = static_cast<std::size_t>(r * s.k + k);
         c10::Half hi, lo;
-        wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, shift), hi, lo);
+        wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
         s.fp16_hi[i] = static_cast<float>(hi);
         s.fp16_lo[i] = static_cast<float>(lo);
-        const wmmae::Tf32Split t = wmmae::split_tf32(v);
+        const wmmae::Tf32Split t = split_tf32_scaled(v, std::ldexp(1.0f, tf32_shift));
         s.tf32_hi[i] = t.hi;
         s.tf32_lo[i] = t.lo;
       }
@@ -105,9 +107,10 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
         if (use_fp16) {
           v = corrected_dot(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k, kFp16KStep,
                             wmmae::kFp16ResidualUnscale, chunk);
-          v = std::ldexp(v, -(sa.shift[i] + sb.shift[j]));
+          v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
         } else {
           v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep, 1.0f, chunk);
+          v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
         }
         out[i * n + j] = v;
       }

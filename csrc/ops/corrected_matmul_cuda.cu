@@ -137,10 +137,10 @@ struct GemmArgs {
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
 
-// Programmatic dependent launch (sm_90): the fp16 GEMM is launched so that its blocks may start while the
-// pre-pass still runs, auto's tf32 GEMM so that its blocks may start while the fp16 GEMM still runs
-// (GemmLaunch::overlaps_previous), and the next call's first kernel so that it may start while this call's
-// last one runs (zero_workspace_kernel). Each earlier kernel lets them as soon as each of its blocks has
+// Programmatic dependent launch (sm_90): the fp16 GEMM (or the tf32 method's GEMM) is launched so that its
+// blocks may start while the pre-pass still runs, auto's tf32 GEMM so that its blocks may start while the fp16
+// GEMM still runs (GemmLaunch::overlaps_previous), and the next call's first kernel so that it may start while
+// this call's last one runs (zero_workspace_kernel). Each earlier kernel lets them as soon as each of its blocks has
 // started, and a later one reads nothing an earlier one writes (line ranges, the zeroed output,
 // tf32_tiles_pending) before wait_for_prior_grid(), which waits for the whole earlier grid (so for the
 // pre-pass too, which the fp16 GEMM waited for). A and B are complete before the pre-pass starts, so the
@@ -784,8 +784,8 @@ __device__ __forceinline__ float unscale_direct(float v, int shift) {
   return __fmul_rn(v, __int_as_float((127 - shift) << 23));
 }
 
-// Fills the line scales of the tile at (m0, n0) of batch entry z (fp16: from the exponent pre-pass; tf32:
-// ones) and says what it found (TileLines). Block-wide barriers.
+// Fills the line scales of method M of the tile at (m0, n0) of batch entry z from the exponent pre-pass and
+// says what it found (TileLines). Block-wide barriers.
 template <Method M>
 __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
                                              std::int64_t m0, std::int64_t n0) {
@@ -795,9 +795,9 @@ __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineSca
     const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
     const std::int64_t extent = is_a ? args.m : args.n;
     int shift = 0;
-    if (args.method != Method::tf32 && line < extent) {
+    if (line < extent) {
       const ExponentRange range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
-      shift = M == Method::fp16 ? fp16_shift(range) : 0;
+      shift = line_shift<M>(range);
       lines_fp16_safe &= fp16_safe(range);
     }
     small_shifts &= shift >= -kDirectShift && shift <= kDirectShift;
@@ -824,12 +824,12 @@ __device__ __forceinline__ void add_chunk_to_output(float hh_sum, float corr, fl
                                                     bool first_chunk, bool last_chunk) {
   float v = chunk_result<M>(hh_sum, corr);
   if (split_k) {
-    if (M == Method::fp16) v = ldexpf(v, -shift);
+    v = ldexpf(v, -shift);
     atomicAdd(out, v);
     return;
   }
   if (!first_chunk) v = *out + v;
-  if (M == Method::fp16 && last_chunk) v = ldexpf(v, -shift);
+  if (last_chunk) v = ldexpf(v, -shift);
   *out = v;
 }
 
@@ -839,7 +839,7 @@ template <Method M>
 __device__ __forceinline__ void add_chunk_to_read_back_output(float hh_sum, float corr, float earlier, float* out,
                                                               int shift, bool last_chunk) {
   float v = earlier + chunk_result<M>(hh_sum, corr);
-  if (M == Method::fp16 && last_chunk) v = ldexpf(v, -shift);
+  if (last_chunk) v = ldexpf(v, -shift);
   *out = v;
 }
 
@@ -870,7 +870,7 @@ __device__ __forceinline__ std::uint32_t half2_bits(__half2 h) { return *reinter
 __device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) { return make_uint2(half2_bits(a), half2_bits(b)); }
 
 // Splits one fp32 stage into hi and lo tiles (same orientation). Each element is scaled by its line's
-// factor first (fp16: the power of two of its row of A / column of B; tf32: none). `kScaleAlongInner`: the
+// factor first (the power of two of its row of A / column of B, see line_shift). `kScaleAlongInner`: the
 // scaled lines (rows of A, columns of B) run along the tile's inner dimension.
 template <Method M, int kOuter, int kInner, int kLdStage, int kLdSplit, bool kScaleAlongInner>
 __device__ __forceinline__ void split_stage(const float* stage, typename MethodTraits<M>::Smem* hi,
@@ -880,18 +880,18 @@ __device__ __forceinline__ void split_stage(const float* stage, typename MethodT
   const float* src = stage + plan.line0 * kLdStage + plan.inner;
   const int dst = plan.line0 * kLdSplit + plan.inner;
   float4 inner_scale = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-  if (M == Method::fp16 && kScaleAlongInner) inner_scale = *reinterpret_cast<const float4*>(scale + plan.inner);
+  if (kScaleAlongInner) inner_scale = *reinterpret_cast<const float4*>(scale + plan.inner);
 #pragma unroll
   for (int q = 0; q < Plan::kChunksPerThread; ++q) {
     float4 v = *reinterpret_cast<const float4*>(src + q * Plan::kLineStep * kLdStage);
     const int off = dst + q * Plan::kLineStep * kLdSplit;
+    float4 sc = inner_scale;
+    if constexpr (!kScaleAlongInner) {
+      const float s = scale[plan.line0 + q * Plan::kLineStep];
+      sc = make_float4(s, s, s, s);
+    }
     if constexpr (M == Method::fp16) {
-      if constexpr (kScaleAlongInner) {
-        v = make_float4(v.x * inner_scale.x, v.y * inner_scale.y, v.z * inner_scale.z, v.w * inner_scale.w);
-      } else {
-        const float s = scale[plan.line0 + q * Plan::kLineStep];
-        v = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
-      }
+      v = make_float4(v.x * sc.x, v.y * sc.y, v.z * sc.z, v.w * sc.w);
       // A non-finite v leaves a NaN in lo, which never reaches a result: its product makes the hi*hi sum
       // non-finite, and the epilogue then returns that sum alone.
       __half2 h01, h23, l01, l23;
@@ -900,8 +900,8 @@ __device__ __forceinline__ void split_stage(const float* stage, typename MethodT
       *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
       *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
     } else {
-      const wmmae::Tf32Split t0 = wmmae::split_tf32(v.x), t1 = wmmae::split_tf32(v.y);
-      const wmmae::Tf32Split t2 = wmmae::split_tf32(v.z), t3 = wmmae::split_tf32(v.w);
+      const wmmae::Tf32Split t0 = split_tf32_scaled(v.x, sc.x), t1 = split_tf32_scaled(v.y, sc.y);
+      const wmmae::Tf32Split t2 = split_tf32_scaled(v.z, sc.z), t3 = split_tf32_scaled(v.w, sc.w);
       *reinterpret_cast<float4*>(hi + off) = make_float4(t0.hi, t1.hi, t2.hi, t3.hi);
       *reinterpret_cast<float4*>(lo + off) = make_float4(t0.lo, t1.lo, t2.lo, t3.lo);
     }
@@ -952,7 +952,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     const std::int64_t k_begin = blockIdx.y * args.k_per_split;  // this block's split of K
     const std::int64_t k_end = min(k, k_begin + args.k_per_split);
 
-    // Line scales (fp16), and in auto mode whether this kernel owns the tile.
+    // Line scales, and in auto mode whether this kernel owns the tile.
     wait_for_prior_grid();
     const TileLines lines = load_line_scales<M>(args, scales, z, m0, n0);
     if (method == Method::automatic && lines.fp16_safe != (M == Method::fp16)) {
@@ -993,8 +993,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     // the last chunk undo the scaling. Then restart the accumulators from zero.
     // Fast path (fp16), as in the wgmma kernel: an interior tile whose unscaling factors are normal floats,
     // and a chunk that is the whole sum or a split-K part; one multiplication and no bounds checks per
-    // element. (Not for tf32, which does not scale: it would save only the bounds checks, and its
-    // instantiations spilled more with it.)
+    // element. (Not for tf32, the fallback method: its instantiations spilled more with it.)
     float* c = args.c + z * m * n;
     const bool split_k = args.k_splits > 1;  // (stream-K is the wgmma kernel's schedule, never this kernel's)
     const bool direct = M == Method::fp16 && lines.small_shifts && m0 + kBlockM <= m && n0 + kBlockN <= n;
@@ -1114,9 +1113,9 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 }
 
 // Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
-// the pre-pass (before the fp16 GEMM) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
-// allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where the resident
-// pre-pass encoded them (the fp16 GEMM then reads by TMA), else null.
+// the pre-pass (before the fp16 GEMM or the tf32 method's) or the fp16 GEMM (before auto's tf32 GEMM), which it
+// may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps
+// where the resident pre-pass encoded them (the fp16 GEMM then reads by TMA), else null.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -1193,16 +1192,17 @@ bool sm90_read_back(const GemmArgs& args) {
          args.k > kAccumulationChunkSmall;
 }
 
-// Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): batched calls where TMA reads both
-// operands, without split-K, stream-K or the chunk read-back, with overlapped launches. Per call against the
+// Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): the fp16 GEMM's batched calls where TMA
+// reads both operands, without split-K, stream-K or the chunk read-back, with overlapped launches. Per call against the
 // grid pre-pass (H200, same build, the four-warp pre-pass): 64 x 512^3 about 205 -> 189 us, 32 x 256 x 1024 x
 // 512 115 -> 107, 128 x 256^3 90 -> 74, 256 x 128^3 52 -> 43, 16 x 256 x 256 x 512 equal (31.5). (The one-warp
 // pre-pass of session 24 lost at 32 x 256 x 1024 x 512, 120 -> 127, so it ran only where A and B hold at most
 // 9 KB per tile and k-stage.) TORCH_WMMAE_RESIDENT_PREPASS=0 turns it off (the line ranges, and so the
 // outputs, are the same).
 bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels) {
-  return kernels.sm90 && kernels.sm90_tma && kernels.overlap_launches && args.num_batches >= 2 &&
-         !args.adds_into_output() && !sm90_read_back(args) && !env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0");
+  return args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma && kernels.overlap_launches &&
+         args.num_batches >= 2 && !args.adds_into_output() && !sm90_read_back(args) &&
+         !env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0");
 }
 
 // Launches the resident pre-pass of a and b into their line ranges, counting finished items in items_done
@@ -1401,15 +1401,13 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
-  // With split-K or stream-K the GEMM adds into the output: the pre-pass zeroes it, or a memset where there is
-  // no pre-pass (tf32; cheaper for the host than out.zero_(), which goes through TensorIterator).
+  // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
-  if (zero_output && method == Method::tf32) C10_CUDA_CHECK(cudaMemsetAsync(args.c, 0, out.nbytes(), stream));
   at::Tensor ranges;
   bool prepass_launched = false;
   sm90::TmaMaps resident_maps{};  // see launch_resident_prepass
   const sm90::TmaMaps* gemm_maps = nullptr;
-  if (method != Method::tf32) {
+  {  // every method scales its lines (line_shift)
 #ifdef WMMAE_HAS_SM90A
     const bool resident = resident_prepass_applies(args, kernels);
 #else
@@ -1447,9 +1445,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
-  // end, so that this costs no launch gap.
+  // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.
   if (method != Method::fp16) {
-    launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic, kernels, sm_count);
+    launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
+                              kernels, sm_count);
   }
   return out;
 }

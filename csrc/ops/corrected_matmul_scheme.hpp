@@ -91,12 +91,34 @@ constexpr int kFp16MaxExponentSpan = 28;
 // 2^shift must be a normal float: rows whose largest magnitude is below 2^-113 are not fp16-safe.
 constexpr int kMaxShift = 127;
 
-// Power-of-two exponent a row is multiplied by before the fp16 split (0 for rows without a finite
-// non-zero element). Clamped so that 2^shift stays a normal float.
-WMMAE_HD inline int fp16_shift(ExponentRange r) {
+// The tf32 split needs scaling only at the ends of float32's range: a residual below 2^-126 (an element below
+// about 2^-115) loses bits in float32's subnormals, and a high part rounded up past 2^127 would overflow.
+// Scaling a line by 2^(kTf32TargetExp - max_exp) puts its largest magnitude in [2^40, 2^41): products stay
+// below 2^82, so sums of up to 2^45 of them stay finite, and every element at most 155 binades below the
+// line's largest keeps 2^-22 relative accuracy (and a still smaller one a non-zero high part: see
+// split_tf32_scaled). Powers of two scale exactly: where nothing underflows or overflows, the bits are those of
+// the unscaled split.
+constexpr int kTf32TargetExp = 40;
+
+// Power-of-two exponent a line is multiplied by before the split of method M (0 for lines without a finite
+// non-zero element), clamped so that 2^shift stays a normal float.
+template <Method M>
+WMMAE_HD inline int line_shift(ExponentRange r) {
   if (r.max_exp == kNoExponent) return 0;
-  const int s = kFp16TargetExp - r.max_exp;
+  const int s = (M == Method::tf32 ? kTf32TargetExp : kFp16TargetExp) - r.max_exp;
   return s > kMaxShift ? kMaxShift : s;
+}
+
+// v scaled by its line's power of two (line_shift), split into tf32 parts. A non-zero v keeps a non-zero hi, so
+// that an Inf times v gives Inf, as in float32, not Inf * 0 = NaN: where tf32 cannot reach the scaled value
+// (below 2^-137, which round_to_tf32 takes to 0, or scaled to 0) hi is +-2^-126 and lo exactly -hi.
+WMMAE_HD inline wmmae::Tf32Split split_tf32_scaled(float v, float scale) {
+  wmmae::Tf32Split t = wmmae::split_tf32(v * scale);
+  if (t.hi == 0.0f && v != 0.0f) {
+    t.hi = v > 0.0f ? 0x1p-126f : -0x1p-126f;
+    t.lo = -t.hi;
+  }
+  return t;
 }
 
 // True when the fp16 split represents every element of the row to about 2^-22 relative accuracy.
