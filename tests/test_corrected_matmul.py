@@ -251,15 +251,19 @@ def test_empty_outputs(device, gen, method, a_shape, b_shape):
     assert out.dtype == torch.float32 and out.device == a.device
 
 
-def test_more_batch_dimensions_than_strides_after_the_hint(device, gen):
-    """Seven alternating broadcast dimensions cannot be passed as strides (test_bad_inputs: the error says to
-    expand and make contiguous); done as the error says, the product follows torch.matmul."""
-    a = random_tensor(gen, (2, 1, 2, 1, 2, 1, 2, 3, 4), "normal", device)
-    b = random_tensor(gen, (1, 2, 1, 2, 1, 2, 1, 4, 5), "normal", device)
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    with pytest.raises(RuntimeError, match="expand both operands"):
-        corrected_matmul(a, b)
-    out = check_against_fp32(a.expand(*batch, 3, 4).contiguous(), b.expand(*batch, 4, 5).contiguous(), "auto")
+@pytest.mark.parametrize("case", ["alternating_broadcast", "permuted_batch", "permuted_batch_of_b"])
+def test_more_batch_dimensions_than_the_kernels_take(device, gen, case):
+    """Batch dimensions that do not merge into the kernels' 6 strided ones (seven alternating broadcast
+    dimensions; seven permuted ones beside a broadcast operand): the op copies what it must and follows
+    torch.matmul."""
+    if case == "alternating_broadcast":
+        a = random_tensor(gen, (2, 1, 2, 1, 2, 1, 2, 3, 4), "normal", device)
+        b = random_tensor(gen, (1, 2, 1, 2, 1, 2, 1, 4, 5), "normal", device)
+    else:
+        batched = random_tensor(gen, (2, 3, 2, 2, 3, 2, 2, 3, 4), "normal", device).permute(6, 5, 4, 3, 2, 1, 0, 7, 8)
+        single = random_tensor(gen, (4, 5), "normal", device)
+        a, b = (batched, single) if case == "permuted_batch" else (single.t(), batched.transpose(-1, -2))
+    out = check_against_fp32(a, b, "auto")
     assert out.shape == torch.matmul(a, b).shape
 
 

@@ -9,6 +9,34 @@
 
 namespace wmmae_ops {
 
+namespace {
+
+// The batch dimensions of a and b (expanded to batch_shape) as at most kMaxBatchDims (size, stride) triples:
+// size-1 dimensions dropped, dimensions that are contiguous in both operands merged, innermost last. False
+// where more remain.
+bool coalesce_batch(const at::Tensor& a, const at::Tensor& b, at::IntArrayRef batch_shape, BatchStrides& bs) {
+  bs = BatchStrides{};
+  for (std::size_t d = 0; d < batch_shape.size(); ++d) {
+    const std::int64_t size = batch_shape[d];
+    if (size == 1) continue;
+    const std::int64_t sa = a.stride(d), sb = b.stride(d);
+    if (bs.ndim > 0 && bs.a_stride[bs.ndim - 1] == sa * size && bs.b_stride[bs.ndim - 1] == sb * size) {
+      bs.size[bs.ndim - 1] *= size;
+      bs.a_stride[bs.ndim - 1] = sa;
+      bs.b_stride[bs.ndim - 1] = sb;
+      continue;
+    }
+    if (bs.ndim == kMaxBatchDims) return false;
+    bs.size[bs.ndim] = size;
+    bs.a_stride[bs.ndim] = sa;
+    bs.b_stride[bs.ndim] = sb;
+    ++bs.ndim;
+  }
+  return true;
+}
+
+}  // namespace
+
 MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_name) {
   TORCH_CHECK(a.dim() >= 1, op_name, ": argument 'a' must have at least 1 dimension, got a 0-d tensor");
   TORCH_CHECK(b.dim() >= 1, op_name, ": argument 'b' must have at least 1 dimension, got a 0-d tensor");
@@ -49,31 +77,24 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
   if (a.dim() > 1) plan.out_shape.push_back(m);
   if (b.dim() > 1) plan.out_shape.push_back(n);
 
-  // Coalesce the batch dimensions (drop size-1 dims, merge dims that are contiguous in both operands),
-  // innermost last.
-  BatchStrides bs{};
-  std::int64_t batch = 1;
-  for (std::size_t d = 0; d < batch_shape.size(); ++d) {
-    const std::int64_t size = batch_shape[d];
-    batch *= size;
-    if (size == 1) continue;
-    const std::int64_t sa = plan.a.stride(d), sb = plan.b.stride(d);
-    if (bs.ndim > 0 && bs.a_stride[bs.ndim - 1] == sa * size && bs.b_stride[bs.ndim - 1] == sb * size) {
-      bs.size[bs.ndim - 1] *= size;
-      bs.a_stride[bs.ndim - 1] = sa;
-      bs.b_stride[bs.ndim - 1] = sb;
-      continue;
+  // More strided batch dimensions than the kernels take (torch.matmul takes any): copies of the operands whose
+  // batch dimensions coalesce, one operand's own first (a broadcast operand stays unexpanded), then both
+  // expanded (always one dimension).
+  if (!coalesce_batch(plan.a, plan.b, batch_shape, plan.batch_strides)) {
+    const at::Tensor copies[][2] = {{a2.contiguous(), b2},
+                                    {a2, b2.contiguous()},
+                                    {a2.contiguous(), b2.contiguous()},
+                                    {plan.a.contiguous(), plan.b.contiguous()}};
+    for (const auto& pair : copies) {
+      const at::Tensor ca = pair[0].expand(a_shape), cb = pair[1].expand(b_shape);
+      if (coalesce_batch(ca, cb, batch_shape, plan.batch_strides)) {
+        plan.a = ca;
+        plan.b = cb;
+        break;
+      }
     }
-    TORCH_CHECK(bs.ndim < kMaxBatchDims, op_name, ": the broadcast batch shape ", at::IntArrayRef(batch_shape),
-                " cannot be coalesced into ", kMaxBatchDims, " strided dimensions; expand both operands to it and make "
-                "them contiguous (t.expand(*batch, rows, cols).contiguous()), or merge batch dimensions first");
-    bs.size[bs.ndim] = size;
-    bs.a_stride[bs.ndim] = sa;
-    bs.b_stride[bs.ndim] = sb;
-    ++bs.ndim;
   }
-  plan.batch = batch;
-  plan.batch_strides = bs;
+  plan.batch = c10::multiply_integers(batch_shape);
   return plan;
 }
 

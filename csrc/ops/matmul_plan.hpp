@@ -1,6 +1,6 @@
 // torch.matmul's shape rules for float32 operands, resolved once for the CPU and CUDA corrected_matmul.
-// The operands stay views of the caller's tensors (no copies): batch dimensions are broadcast with stride 0
-// and passed to the kernels as (size, stride) lists.
+// The operands stay views of the caller's tensors: batch dimensions are broadcast with stride 0 and passed to
+// the kernels as at most kMaxBatchDims (size, stride) triples (copies only where they do not merge into that).
 #pragma once
 
 #include <ATen/ATen.h>
