@@ -397,6 +397,20 @@ def test_fake_and_eager_messages_agree(gen, case):
     assert head(fake) == head(eager), (str(fake.value), str(eager.value))
 
 
+@pytest.mark.parametrize("op", ["matmul", "matmul_reversed", "outer"])
+def test_a_meta_tensor_beside_a_cpu_tensor_is_refused(gen, op):
+    """The dispatcher sends a call with one meta operand to the fake kernel: that kernel checks the devices
+    as the real one does, instead of returning an uninitialized CPU tensor."""
+    meta, cpu = _factory("meta", gen), _factory("cpu", gen)
+    if op == "outer":
+        call, pattern = lambda: batched_outer(cpu(3, 4, dtype=F16), meta(3, 4, dtype=F16)), r"'u' and 'v' must be on the same device"
+    else:
+        a, b = (cpu(3, 4), meta(4, 2)) if op == "matmul" else (meta(3, 4), cpu(4, 2))
+        call, pattern = lambda: corrected_matmul(a, b), r"'a' and 'b' must be on the same device"
+    with pytest.raises(RuntimeError, match=pattern):
+        call()
+
+
 def test_meta_inputs_of_good_calls_work(gen):
     """The other side of the fake-kernel checks: valid meta inputs give torch.matmul's / u.shape + (n,)."""
     t = _factory("meta", gen)

@@ -52,13 +52,18 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
 
 @torch.library.register_fake("wmmae::corrected_matmul")
 def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
-    # The C++ checks of the method, dtypes and shapes, with their messages, so that eager and compiled calls
-    # fail alike. The layout and device checks run with the real kernel.
+    # The C++ checks of the method, dtypes, devices and shapes, with their messages, so that eager and compiled
+    # calls fail alike (and a meta tensor beside a real one is refused, not given an output of garbage). The
+    # layout checks run with the real kernel.
     torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '{method}'")
     torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
     torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
     torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
     torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
+    torch._check(
+        a.device == b.device,
+        lambda: f"corrected_matmul: arguments 'a' and 'b' must be on the same device, got a on {a.device} and b on {b.device}",
+    )
     b_k = -1 if b.dim() == 1 else -2
     torch._check(
         a.shape[-1] == b.shape[b_k],
@@ -98,11 +103,16 @@ def batched_outer(
 
 @torch.library.register_fake("wmmae::batched_outer")
 def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.0, out_dtype=None) -> Tensor:
-    # The C++ checks that depend only on dtypes and shapes, with their messages and in their order, so that
-    # eager and compiled calls fail alike. The layout and device checks run with the real kernel.
+    # The C++ checks of dtypes, devices and shapes, with their messages and in their order, so that eager and
+    # compiled calls fail alike (and a meta tensor beside a real one is refused). The layout checks run with the
+    # real kernel.
     torch._check(u.dim() >= 1, lambda: "batched_outer: argument 'u' must have shape (..., n), got a 0-d tensor")
     torch._check(u.dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'u' must be float16, bfloat16 or float32, got {u.dtype}")
     if v is not None:
+        torch._check(
+            v.device == u.device,
+            lambda: f"batched_outer: arguments 'u' and 'v' must be on the same device, got u on {u.device} and v on {v.device}",
+        )
         torch._check(v.dtype == u.dtype, lambda: f"batched_outer: argument 'v' must have the dtype of 'u' ({u.dtype}), got {v.dtype}")
         torch._check(v.shape == u.shape, lambda: f"batched_outer: argument 'v' must have the shape of 'u' {list(u.shape)}, got {list(v.shape)}")
     dtype = torch.float32 if out_dtype is None else out_dtype
