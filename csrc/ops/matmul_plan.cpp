@@ -80,17 +80,21 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
   // More strided batch dimensions than the kernels take (torch.matmul takes any): copies of the operands whose
   // batch dimensions coalesce, one operand's own first (a broadcast operand stays unexpanded), then both
   // expanded (always one dimension).
+  // Each copy is made only when the candidates before it failed.
   if (!coalesce_batch(plan.a, plan.b, batch_shape, plan.batch_strides)) {
-    const at::Tensor copies[][2] = {{a2.contiguous(), b2},
-                                    {a2, b2.contiguous()},
-                                    {a2.contiguous(), b2.contiguous()},
-                                    {plan.a.contiguous(), plan.b.contiguous()}};
-    for (const auto& pair : copies) {
-      const at::Tensor ca = pair[0].expand(a_shape), cb = pair[1].expand(b_shape);
-      if (coalesce_batch(ca, cb, batch_shape, plan.batch_strides)) {
-        plan.a = ca;
-        plan.b = cb;
-        break;
+    const auto take = [&](const at::Tensor& ca, const at::Tensor& cb) {
+      const at::Tensor ea = ca.expand(a_shape), eb = cb.expand(b_shape);
+      if (!coalesce_batch(ea, eb, batch_shape, plan.batch_strides)) return false;
+      plan.a = ea;
+      plan.b = eb;
+      return true;
+    };
+    const at::Tensor a_own = a2.contiguous();
+    if (!take(a_own, b2)) {
+      const at::Tensor b_own = b2.contiguous();
+      if (!take(a2, b_own) && !take(a_own, b_own)) {
+        const bool merged = take(plan.a.contiguous(), plan.b.contiguous());
+        TORCH_INTERNAL_ASSERT(merged, "contiguous operands' batch dimensions merge into one");
       }
     }
   }
