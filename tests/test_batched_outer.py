@@ -257,10 +257,111 @@ def test_mixed_devices():
 
 
 # --------------------------------------------------------------------------------------------------------
+# Autograd: grad_u = g v, grad_v = g^T u (v = None: grad_u = (g + g^T) u), in float32, in the inputs' dtype
+# --------------------------------------------------------------------------------------------------------
+# The float32 dot products of n terms, then one rounding to the input dtype (half an ulp: 2^-11, 2^-8, 2^-24).
+_GRAD_ROUNDING = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+
+
+def _outer64(u64, v64, alpha):
+    n = u64.shape[-1]
+    return u64.unsqueeze(-1) * v64.unsqueeze(-2) + alpha * torch.eye(n, dtype=torch.float64)
+
+
+def _assert_gradient_close(got, want64, magnitude64, n):
+    """|got - want| <= (n U32 + rounding to got's dtype) * magnitude, where magnitude = the same sum of |terms|."""
+    assert got.dtype in _GRAD_ROUNDING and got.shape == want64.shape
+    tol = ((n + 2) * U32 + _GRAD_ROUNDING[got.dtype]) * magnitude64 + 2.0**-126
+    err = (got.detach().cpu().double() - want64).abs()
+    assert (err <= tol).all(), f"max err/tol {(err / tol).max().item():.3f}"
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_gradients_match_float64(device, gen, dtype, with_v, out_dtype):
+    n = 19
+    u = random_tensor(gen, (3, 2, n), "normal", device, dtype).requires_grad_()
+    v = random_tensor(gen, (3, 2, n), "normal", device, dtype).requires_grad_() if with_v else None
+    out = batched_outer(u, v, alpha=0.7, out_dtype=out_dtype)
+    g = random_tensor(gen, out.shape, "normal", device, out.dtype)
+    inputs = (u, v) if with_v else (u,)
+    grads = torch.autograd.grad(out, inputs, g)
+
+    u64 = u.detach().cpu().double().requires_grad_()
+    v64 = v.detach().cpu().double().requires_grad_() if with_v else u64
+    inputs64 = (u64, v64) if with_v else (u64,)
+    want = torch.autograd.grad(_outer64(u64, v64, 0.7), inputs64, g.cpu().double())
+    # The same sums over |terms|: the scale of each gradient element's rounding error.
+    ua = u64.detach().abs().requires_grad_()
+    va = v64.detach().abs().requires_grad_() if with_v else ua
+    magnitude = torch.autograd.grad(_outer64(ua, va, 0.0), (ua, va) if with_v else (ua,), g.cpu().double().abs())
+    for got, ref, mag, x in zip(grads, want, magnitude, inputs):
+        assert got.dtype == x.dtype and got.device == x.device
+        _assert_gradient_close(got, ref, mag, n)
+
+
+@pytest.mark.parametrize("which", ["u", "v"])
+def test_gradient_of_one_input(device, gen, which):
+    u = random_tensor(gen, (4, 11), "normal", device).requires_grad_(which == "u")
+    v = random_tensor(gen, (4, 11), "normal", device).requires_grad_(which == "v")
+    batched_outer(u, v, alpha=-1.5).sum().backward()
+    x, other = (u, v) if which == "u" else (v, u)
+    assert other.grad is None
+    # d/du_i sum_ij u_i v_j = sum_j v_j (and the same for v): the other input's row sums, for every i.
+    want = other.detach().cpu().double().sum(-1, keepdim=True).expand(4, 11)
+    _assert_gradient_close(x.grad, want, other.detach().cpu().double().abs().sum(-1, keepdim=True).expand(4, 11), 11)
+
+
+def test_double_backward_matches_float64(device, gen):
+    """The backward is made of differentiable ops: gradients of gradients work (create_graph=True)."""
+    n = 13
+    u = random_tensor(gen, (5, n), "normal", device).requires_grad_()
+    v = random_tensor(gen, (5, n), "normal", device).requires_grad_()
+    g = random_tensor(gen, (5, n, n), "normal", device)
+    weight = random_tensor(gen, (5, n), "normal", device)
+    (grad_u,) = torch.autograd.grad(batched_outer(u, v, alpha=2.0), u, g, create_graph=True)
+    (grad_v_of_grad_u,) = torch.autograd.grad((grad_u * weight).sum(), v)
+
+    u64 = u.detach().cpu().double().requires_grad_()
+    v64 = v.detach().cpu().double().requires_grad_()
+    (ref_grad_u,) = torch.autograd.grad(_outer64(u64, v64, 2.0), u64, g.cpu().double(), create_graph=True)
+    (ref,) = torch.autograd.grad((ref_grad_u * weight.cpu().double()).sum(), v64)
+    # d/dv_j sum_i w_i sum_k g_ik v_k = sum_i w_i g_ij: the magnitude is the same sum over |terms|.
+    magnitude = torch.einsum("bi,bij->bj", weight.cpu().double().abs(), g.cpu().double().abs())
+    _assert_gradient_close(grad_v_of_grad_u, ref, magnitude, n)
+
+
+def test_no_graph_without_requires_grad(device, gen):
+    u = random_tensor(gen, (3, 8), "normal", device, torch.float16)
+    assert batched_outer(u).grad_fn is None
+    out = batched_outer(u.clone().requires_grad_())
+    assert out.grad_fn is not None and out.requires_grad
+    with torch.no_grad():
+        assert batched_outer(u.clone().requires_grad_()).grad_fn is None
+
+
+def test_compile_backward_matches_eager(device, gen):
+    torch._dynamo.reset()
+
+    def loss(u, v):
+        return (batched_outer(u, v, alpha=0.5) * 2.0).sum() + batched_outer(u, out_dtype=torch.bfloat16).float().sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    u = random_tensor(gen, (6, 21), "normal", device).requires_grad_()
+    v = random_tensor(gen, (6, 21), "normal", device).requires_grad_()
+    got = torch.autograd.grad(compiled(u, v), (u, v))
+    want = torch.autograd.grad(loss(u, v), (u, v))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------------
 # torch.library / torch.compile / CUDA graphs
 # --------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "case", ["fp16_default", "bf16_v_alpha", "fp32_out_half", "batched"]
+    "case", ["fp16_default", "bf16_v_alpha", "fp32_out_half", "batched", "requires_grad", "v_requires_grad",
+             "empty_transposed"]
 )
 def test_opcheck(device, gen, case):
     if case == "fp16_default":
@@ -272,9 +373,17 @@ def test_opcheck(device, gen, case):
     elif case == "fp32_out_half":
         u = random_tensor(gen, (3, 17), "normal", device)
         args = (u, u.clone(), -0.5, torch.float16)
-    else:
+    elif case == "batched":
         u = random_tensor(gen, (2, 3, 31), "normal", device, torch.float16)
         args = (u, None, 0.25, torch.float32)
+    elif case == "requires_grad":
+        u = random_tensor(gen, (3, 12), "normal", device, torch.bfloat16).requires_grad_()
+        args = (u, None, 0.5, None)
+    elif case == "v_requires_grad":
+        u = random_tensor(gen, (2, 2, 7), "normal", device)
+        args = (u, random_tensor(gen, (2, 2, 7), "normal", device).requires_grad_(), 0.0, torch.float16)
+    else:  # a zero-size result of a transposed input: its strides must be those of the fake kernel
+        args = (torch.empty(0, 4, dtype=torch.float16, device=device).t(), None, 1.0, None)
     torch.library.opcheck(torch.ops.wmmae.batched_outer.default, args)
 
 

@@ -12,7 +12,9 @@ at::Tensor batched_outer_cpu(const at::Tensor& u, const std::optional<at::Tensor
   const BatchedOuterArgs args = check_batched_outer(u, v_opt, out_dtype);
   at::Tensor out = u.to(at::kDouble).unsqueeze(-1) * args.v.to(at::kDouble).unsqueeze(-2);
   if (alpha != 0.0) out.diagonal(0, -2, -1).add_(static_cast<double>(static_cast<float>(alpha)));
-  return out.to(args.out_dtype).contiguous();
+  // Into a fresh contiguous tensor, not .contiguous(): a zero-size result of transposed inputs counts as
+  // contiguous with the inputs' strides, and the CUDA and fake kernels give at::empty's.
+  return at::empty(batched_outer_shape(u), u.options().dtype(args.out_dtype)).copy_(out);
 }
 
 }  // namespace wmmae_ops
