@@ -1,9 +1,11 @@
 """The header-only device library (csrc/wmmae/).
 
-- On any machine with nvcc: it compiles for sm_75, 80, 86, 89 and 90 with warnings as errors.
+- On any machine with nvcc: every primitive compiles for every fragment type of sm_75, 80, 86, 89 and 90 with
+  warnings as errors (tests/device/compile_check.cu), and misuses fail to compile with their own message
+  (tests/device/misuse.cu).
 - On a GPU: a test-only extension (tests/device/wmmae_device_tests.cu, built by this test run) checks every
   primitive against its plain-WMMA equivalent for every fragment type, and the compile-time map against the
-  map measured with load_matrix_sync and the analytic table.
+  map measured with load_matrix_sync.
 """
 import os
 import random
@@ -20,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 DEVICE_DIR = os.path.join(ROOT, "tests", "device")
 CHECKS = ["foreach_ij coverage", "map inverse", "load_matrix_with_op(identity)", "partial tile, odd ldm",
-          "load_vector", "make_identity", "store_matrix_with_op", "multi-fragment load",
+          "load_vector", "load_vector scaled", "make_identity", "store_matrix_with_op", "multi-fragment load",
           "row quads", "store_vector", "foreach_diagonal", "fill_zero"]
 # PyTorch's own flags: the library must not rely on implicit half/bf16 conversions.
 NO_IMPLICIT_HALF = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
@@ -43,6 +45,27 @@ def test_library_compiles_without_warnings(arch, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+MISUSES = {
+    "correct_use": (0, 90, None),
+    "operand_with_layout_t": (1, 90, "a layout_t argument is for accumulators"),
+    "unmeasured_layout_on_sm75": (2, 75, "is not known for the architecture being compiled"),
+    "multi_load_of_different_layouts": (3, 90, "all fragments must share one register layout"),
+}
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("case", list(MISUSES))
+def test_misuse_is_refused_at_compile_time(case, tmp_path):
+    number, arch, message = MISUSES[case]
+    cmd = [_nvcc(), "-std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *NO_IMPLICIT_HALF, f"-DMISUSE={number}", "-c",
+           os.path.join(DEVICE_DIR, "misuse.cu"), "-o", str(tmp_path / "misuse.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if message is None:
+        assert result.returncode == 0, result.stdout + result.stderr
+    else:
+        assert result.returncode != 0 and message in result.stdout + result.stderr, result.stdout + result.stderr
+
+
 @pytest.fixture(scope="module")
 def device_tests():
     if not torch.cuda.is_available():
@@ -60,10 +83,10 @@ def device_tests():
 @pytest.mark.parametrize("use,m,n,k,dtype,layout", SM80_FRAGMENTS)
 def test_primitives_match_plain_wmma(device_tests, use, m, n, k, dtype, layout):
     errors, device_map = device_tests(use, m, n, k, dtype, layout, random.randrange(1 << 30))
+    assert errors.numel() == len(CHECKS)
     failed = {name: int(e) for name, e in zip(CHECKS, errors.tolist()) if e}
     assert not failed, f"{use} m{m}n{n}k{k} {dtype} {layout}: mismatches {failed}"
-    # The compile-time map the device code uses == the map measured with load_matrix_sync == the table.
+    # The compile-time map the device code uses == the map measured with load_matrix_sync. (The table itself is
+    # checked against independent references in test_fragment_map.py.)
     measured = torch_wmmae.fragment_map(use, m, n, k, dtype, layout, device="cuda")
-    analytic = torch_wmmae.fragment_map(use, m, n, k, dtype, layout, arch=90)
     assert torch.equal(device_map.cpu(), measured.cpu())
-    assert torch.equal(device_map.cpu(), analytic)

@@ -34,17 +34,45 @@ template <class L> struct order_of { static constexpr Order value = Order::none;
 template <> struct order_of<nvcuda::wmma::row_major> { static constexpr Order value = Order::row_major; };
 template <> struct order_of<nvcuda::wmma::col_major> { static constexpr Order value = Order::col_major; };
 
-// The layout family of the architecture this pass compiles for. The host pass (no __CUDA_ARCH__) sees the
-// sm_80 table, which only host-side code such as static_asserts reads.
+// The layout of the architecture this pass compiles for. The host pass (no __CUDA_ARCH__) sees the sm_80
+// table, which only host-side code such as static_asserts reads.
 WMMAE_HD constexpr CoreLayout compiled_layout(Use use, int m, int n, int k, Elem elem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  return sm75_layout(use, m, n, k, elem);
+#if defined(__CUDA_ARCH__)
+  return device_layout(__CUDA_ARCH__, use, m, n, k, elem);
 #else
-  return sm80_layout(use, m, n, k, elem);
+  return device_layout(800, use, m, n, k, elem);
 #endif
 }
 
+template <Use U> struct use_type;
+template <> struct use_type<Use::matrix_a> { using type = nvcuda::wmma::matrix_a; };
+template <> struct use_type<Use::matrix_b> { using type = nvcuda::wmma::matrix_b; };
+template <> struct use_type<Use::accumulator> { using type = nvcuda::wmma::accumulator; };
+
+template <Order O> struct order_type { using type = void; };  // accumulators: fragment<..., void>
+template <> struct order_type<Order::row_major> { using type = nvcuda::wmma::row_major; };
+template <> struct order_type<Order::col_major> { using type = nvcuda::wmma::col_major; };
+
 }  // namespace detail
+
+// The element type of an Elem in a fragment, and the type load_matrix_sync reads from memory for it.
+template <Elem E> struct element_types;
+template <> struct element_types<Elem::half> { using fragment = __half; using memory = __half; };
+template <> struct element_types<Elem::bf16> { using fragment = __nv_bfloat16; using memory = __nv_bfloat16; };
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <> struct element_types<Elem::tf32> { using fragment = nvcuda::wmma::precision::tf32; using memory = float; };
+#endif
+template <> struct element_types<Elem::f32> { using fragment = float; using memory = float; };
+template <> struct element_types<Elem::f64> { using fragment = double; using memory = double; };
+template <> struct element_types<Elem::s8> { using fragment = signed char; using memory = signed char; };
+template <> struct element_types<Elem::u8> { using fragment = unsigned char; using memory = unsigned char; };
+template <> struct element_types<Elem::s32> { using fragment = int; using memory = int; };
+
+// The fragment type of a table row (the inverse of fragment_traits): fragment_t<Use::matrix_a, 16, 16, 16,
+// Elem::half, Order::row_major> is nvcuda::wmma::fragment<matrix_a, 16, 16, 16, __half, row_major>.
+template <Use U, int M, int N, int K, Elem E, Order O = Order::none>
+using fragment_t = nvcuda::wmma::fragment<typename detail::use_type<U>::type, M, N, K,
+                                          typename element_types<E>::fragment, typename detail::order_type<O>::type>;
 
 template <class Frag> struct fragment_traits;
 

@@ -178,6 +178,15 @@ WMMAE_HD constexpr CoreLayout sm75_layout(Use use, int m, int n, int k, Elem ele
                                             : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
 }
 
+// The descriptor that device code compiled for `cuda_arch` (__CUDA_ARCH__: 750, 800, 900, ...) uses. Empty
+// (num_elements == 0) below sm_75: sm_70's fragments do not fit the core-matrix model, so the primitives refuse
+// them at compile time rather than read a wrong table.
+WMMAE_HD constexpr CoreLayout device_layout(int cuda_arch, Use use, int m, int n, int k, Elem elem) {
+  return cuda_arch >= 800 ? sm80_layout(use, m, n, k, elem)
+         : cuda_arch >= 750 ? sm75_layout(use, m, n, k, elem)
+                            : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+}
+
 // The diagonal rule (diagonal_key / diagonal_offset) against CoreLayout::at, for every lane and element.
 WMMAE_HD constexpr bool diagonal_rule_holds(const CoreLayout& L) {
   for (int lane = 0; lane < 32; ++lane) {

@@ -150,13 +150,47 @@ __device__ __forceinline__ void make_identity(Frag& frag, float alpha) {
   foreach_ij(frag, [&](auto xs, int i, int j) { assign(frag, xs, i == j ? diagonal : zero); });
 }
 
-// v * scale as an S; a plain copy when no conversion is needed (no round trip through float).
+namespace detail {
+
+template <class T> constexpr bool is_wide = std::is_same<T, double>::value || std::is_integral<T>::value;
+
+template <class T> __device__ __forceinline__ double to_double(T v) { return static_cast<double>(to_float(v)); }
+template <> __device__ __forceinline__ double to_double<double>(double v) { return v; }
+template <> __device__ __forceinline__ double to_double<int>(int v) { return static_cast<double>(v); }
+
+// Rounded to nearest; integers saturate at their range (NaN gives the lowest value).
+template <class S>
+__device__ __forceinline__ S from_double(double w) {
+  if constexpr (std::is_same<S, __half>::value) {
+    return __double2half(w);
+  } else if constexpr (std::is_same<S, __nv_bfloat16>::value) {
+    return __double2bfloat16(w);
+  } else if constexpr (std::is_integral<S>::value) {
+    // (std::numeric_limits is host-only without --expt-relaxed-constexpr)
+    constexpr int kValueBits = 8 * static_cast<int>(sizeof(S)) - (std::is_signed<S>::value ? 1 : 0);
+    constexpr double kHi = static_cast<double>((1ull << kValueBits) - 1);
+    constexpr double kLo = std::is_signed<S>::value ? -kHi - 1.0 : 0.0;
+    return static_cast<S>(fmin(fmax(rint(w), kLo), kHi));
+  } else {
+    return static_cast<S>(w);
+  }
+}
+
+}  // namespace detail
+
+// v * scale as an S, rounded once; a plain copy when neither a conversion nor a scaling is needed. The product
+// is taken in double where either type is double or an integer type (float would round f64 values, and
+// integers above 2^24), in float otherwise (exact for the 16-bit types).
 template <class S, class T>
 __device__ __forceinline__ S scaled(T v, float scale) {
   if constexpr (std::is_same<S, T>::value) {
     if (scale == 1.0f) return v;
   }
-  return convert<S>(to_float(v) * scale);
+  if constexpr (detail::is_wide<S> || detail::is_wide<T>) {
+    return detail::from_double<S>(detail::to_double(v) * static_cast<double>(scale));
+  } else {
+    return convert<S>(to_float(v) * scale);
+  }
 }
 
 // Where a vector goes in a tile: its first column (element i at (i, 0)) or its first row (at (0, i)).
@@ -200,6 +234,13 @@ __device__ __forceinline__ void store_vector(T* ptr, const Frag& frag, int count
 
 namespace detail {
 
+WMMAE_HD constexpr bool same_offsets(const CoreLayout& a, const CoreLayout& b) {
+  for (int c = 0; c < a.num_cores && c < b.num_cores; ++c) {
+    if (a.offset[c].row != b.offset[c].row || a.offset[c].col != b.offset[c].col) return false;
+  }
+  return true;
+}
+
 template <class Frag, class... Frags>
 struct same_layout {
   static constexpr CoreLayout a = fragment_traits<Frag>::layout;
@@ -210,7 +251,8 @@ struct same_layout<Frag, Next, Rest...> {
   static constexpr CoreLayout a = fragment_traits<Frag>::layout, b = fragment_traits<Next>::layout;
   static constexpr bool value = a.rows == b.rows && a.cols == b.cols && a.run == b.run &&
                                 a.transposed == b.transposed && a.num_cores == b.num_cores &&
-                                a.num_elements == b.num_elements && same_layout<Next, Rest...>::value;
+                                a.num_elements == b.num_elements && same_offsets(a, b) &&
+                                same_layout<Next, Rest...>::value;
 };
 
 template <class Frag, class T, class Op, class... Frags>
@@ -273,6 +315,8 @@ __device__ __forceinline__ void load_matrix_with_op(Frag& frag, const T* ptr, un
 template <class Frag, class T, class Op>
 __device__ __forceinline__ void load_matrix_with_op(Frag& frag, const T* ptr, unsigned ldm, nvcuda::wmma::layout_t layout,
                                            Op&& op) {
+  static_assert(fragment_traits<Frag>::use == Use::accumulator,
+                "load_matrix_with_op: a layout_t argument is for accumulators; operands load in their own layout");
   using S = typename fragment_traits<Frag>::storage_type;
   detail::load_with_op(ptr, ldm, layout == nvcuda::wmma::mem_row_major, nullptr, T(), [&](T v, int, int,
                        auto xs, Frag& f) { assign(f, xs, convert<S>(op(v))); }, frag);

@@ -1,5 +1,6 @@
 // Instantiates every primitive of the device library for every fragment type the architecture being
-// compiled has (tests/test_device_library.py compiles this for sm_75 ... sm_90 with warnings as errors).
+// compiled has a layout for, in both memory orders (tests/test_device_library.py compiles this for sm_75 ...
+// sm_90 with warnings as errors).
 #include "wmmae/wmmae.hpp"
 
 using namespace nvcuda;
@@ -40,22 +41,47 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
   out[6] = __half2float(hi) + __half2float(lo) + __low2float(hi2) + __high2float(lo2) + t.hi + t.lo;
 }
 
+template <wmmae::Use U, int M, int N, int K, wmmae::Elem E>
+__device__ void use_all_orders(const void* p, void* q, float* out) {
+  using Mem = typename wmmae::element_types<E>::memory;
+  const Mem* in = static_cast<const Mem*>(p);
+  Mem* to = static_cast<Mem*>(q);
+  if constexpr (U == wmmae::Use::accumulator) {
+    use_all<wmmae::fragment_t<U, M, N, K, E>>(in, to, out);
+  } else {
+    use_all<wmmae::fragment_t<U, M, N, K, E, wmmae::Order::row_major>>(in, to, out);
+    use_all<wmmae::fragment_t<U, M, N, K, E, wmmae::Order::col_major>>(in, to, out);
+  }
+}
+
+// Every fragment type of the table for which the architecture being compiled has a layout.
 __global__ void instantiate(const void* p, void* q, float* out) {
-  using namespace wmma;
-  const __half* h = static_cast<const __half*>(p);
-  __half* hq = static_cast<__half*>(q);
-  use_all<fragment<matrix_a, 16, 16, 16, __half, row_major>>(h, hq, out);
-  use_all<fragment<matrix_b, 16, 16, 16, __half, col_major>>(h, hq, out);
-  use_all<fragment<accumulator, 16, 16, 16, __half>>(h, hq, out);
-  use_all<fragment<accumulator, 16, 16, 16, float>>(static_cast<const float*>(p), static_cast<float*>(q), out);
 #if __CUDA_ARCH__ >= 800
-  const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(p);
-  use_all<fragment<matrix_a, 32, 8, 16, __nv_bfloat16, col_major>>(b, static_cast<__nv_bfloat16*>(q), out);
-  use_all<fragment<matrix_b, 8, 32, 16, __half, row_major>>(h, hq, out);
-  use_all<fragment<matrix_a, 16, 16, 8, precision::tf32, row_major>>(static_cast<const float*>(p), static_cast<float*>(q), out);
-  use_all<fragment<matrix_b, 16, 16, 16, signed char, row_major>>(static_cast<const signed char*>(p), static_cast<signed char*>(q), out);
-  use_all<fragment<matrix_a, 8, 8, 4, double, row_major>>(static_cast<const double*>(p), static_cast<double*>(q), out);
-  use_all<fragment<accumulator, 8, 32, 16, int>>(static_cast<const int*>(p), static_cast<int*>(q), out);
-  use_all<fragment<accumulator, 8, 8, 4, double>>(static_cast<const double*>(p), static_cast<double*>(q), out);
+#define WMMAE_USE_ALL(U, M, N, K, E, ...) use_all_orders<wmmae::Use::U, M, N, K, wmmae::Elem::E>(p, q, out);
+  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_USE_ALL)
+#undef WMMAE_USE_ALL
+#else  // sm_75: the m16n16k16 half fragments (layout.hpp)
+  use_all_orders<wmmae::Use::matrix_a, 16, 16, 16, wmmae::Elem::half>(p, q, out);
+  use_all_orders<wmmae::Use::matrix_b, 16, 16, 16, wmmae::Elem::half>(p, q, out);
+  use_all_orders<wmmae::Use::accumulator, 16, 16, 16, wmmae::Elem::half>(p, q, out);
+  use_all_orders<wmmae::Use::accumulator, 16, 16, 16, wmmae::Elem::f32>(p, q, out);
 #endif
 }
+
+// Compile-time facts of the layout descriptors that no fragment type of the table exercises.
+namespace {
+using wmmae::CoreLayout;
+using wmmae::Elem;
+using wmmae::Use;
+// Below sm_75 there is no core-matrix layout: the primitives refuse sm_70/72 at compile time (fragment_traits).
+static_assert(wmmae::device_layout(700, Use::matrix_a, 16, 16, 16, Elem::half).num_elements == 0, "sm_70");
+static_assert(wmmae::device_layout(720, Use::accumulator, 16, 16, 16, Elem::f32).num_elements == 0, "sm_72");
+// sm_75 knows the m16n16k16 half fragments only; sm_80 and newer the whole table.
+static_assert(wmmae::device_layout(750, Use::matrix_a, 16, 16, 16, Elem::half).num_elements == 16, "sm_75");
+static_assert(wmmae::device_layout(750, Use::matrix_a, 32, 8, 16, Elem::half).num_elements == 0, "sm_75");
+static_assert(wmmae::device_layout(900, Use::matrix_a, 32, 8, 16, Elem::half).num_elements == 16, "sm_90");
+// Layouts that differ only in where their cores sit are different layouts.
+constexpr CoreLayout kDown{16, 16, 8, 4, false, 2, {{0, 0}, {8, 0}}};
+constexpr CoreLayout kAcross{16, 16, 8, 4, false, 2, {{0, 0}, {0, 8}}};
+static_assert(wmmae::detail::same_offsets(kDown, kDown) && !wmmae::detail::same_offsets(kDown, kAcross), "offsets");
+}  // namespace

@@ -19,11 +19,13 @@ enum Check {
   kLoadWithOpIdentity,  // load_matrix_with_op(identity) == load_matrix_sync
   kPartialOddLdm,       // bounded load at odd ldm and unaligned base == load_matrix_sync of a padded copy
   kLoadVector,          // load_vector == load_matrix_sync of a zero-padded tile
+  kLoadVectorScaled,    // load_vector with scale 2 of values float cannot hold (f64, s32) == the doubled tile
   kMakeIdentity,        // make_identity == load_matrix_sync of alpha*I
   kStoreWithOp,         // store_matrix_with_op (bounded) == store_matrix_sync (accumulators)
   kMultiLoad,           // load_matrices_with_op into two fragments == two single loads
   kRowQuads,            // foreach_row_quad covers every element once, == store_matrix_sync (accumulators)
-  kStoreVector,         // store_vector (first column, first row, scaled) == the tile's elements, nothing past count
+  kStoreVector,         // store_vector (first column, first row scaled; values float cannot hold) == the tile's
+                        // elements, nothing past count
   kForeachDiagonal,     // foreach_diagonal visits exactly the holders of (i, i), as map() names them, with row i
   kFillZero,            // fill_zero over a fragment of non-zero values == fill_fragment(0)
   kNumChecks
@@ -48,14 +50,33 @@ template <class Mem> __device__ Mem value_at(unsigned seed, int idx) {
 template <> __device__ unsigned char value_at<unsigned char>(unsigned seed, int idx) {
   return static_cast<unsigned char>(hash(seed * 7919u + idx) % 15u);
 }
+// Values that float cannot hold where the type can (f64 with bits 2^-40 below the integer part, s32 above 2^24), so
+// that a primitive rounding through float shows; small integers elsewhere. Doubling them stays exact.
+template <class Mem> __device__ Mem wide_value_at(unsigned seed, int idx) {
+  if constexpr (std::is_same<Mem, double>::value) {
+    return value_at<Mem>(seed, idx) + static_cast<double>(hash(seed + 31u * idx) % 255u + 1u) * 0x1p-40;
+  } else if constexpr (std::is_same<Mem, int>::value) {
+    return value_at<Mem>(seed, idx) + (1 << 25) + static_cast<int>(hash(seed + 31u * idx) % 255u);
+  } else {
+    return value_at<Mem>(seed, idx);
+  }
+}
+template <class Mem> __device__ Mem twice(Mem v) {
+  if constexpr (std::is_same<Mem, double>::value || std::is_same<Mem, int>::value) return v + v;
+  else return wmmae::convert<Mem>(2.0f * wmmae::to_float(v));  // small integers: exact
+}
 template <class Mem> __device__ Mem from_int(int v) { return wmmae::convert<Mem>(static_cast<float>(v)); }
-template <class S> __device__ float as_float(S v) { return wmmae::to_float(v); }
+// Exact for every element type (float would round f64 and large s32 values).
+template <class S> __device__ double as_double(S v) {
+  if constexpr (std::is_same<S, double>::value || std::is_same<S, int>::value) return static_cast<double>(v);
+  else return static_cast<double>(wmmae::to_float(v));
+}
 
 template <class Frag>
 __device__ int count_mismatch(const Frag& a, const Frag& b) {
   int bad = 0;
 #pragma unroll
-  for (int x = 0; x < Frag::num_elements; ++x) bad += as_float(a.x[x]) != as_float(b.x[x]);
+  for (int x = 0; x < Frag::num_elements; ++x) bad += as_double(a.x[x]) != as_double(b.x[x]);
   return bad;
 }
 
@@ -176,13 +197,26 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     load_ref(ref, tile, kLd);
     wmmae::load_vector(got, static_cast<const Mem*>(src), count, 1.0f, 3);
     err[kLoadVector] += count_mismatch(ref, got);
+    // Scaled by 2: the tile holds the doubled values, the vector the wide ones.
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = wide_value_at<Mem>(seed + 3, idx);
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+      const int along = kColumn ? i : j, across = kColumn ? j : i;
+      tile[idx] = (across == 0 && along < count) ? twice(src[along]) : from_int<Mem>(0);
+    }
+    __syncwarp();
+    load_ref(ref, tile, kLd);
+    wmmae::load_vector(got, static_cast<const Mem*>(src), count, 2.0f);
+    err[kLoadVectorScaled] += count_mismatch(ref, got);
   }
 
   // store_vector: the first column (unscaled: the plain-copy path) and the first row (scaled by 2: the
   // converting path) of a fragment loaded from a random tile; the slots past `count` keep their sentinel.
   {
     __syncwarp();
-    for (int idx = lane; idx < kLd * kLd; idx += 32) tile[idx] = value_at<Mem>(seed + 2, idx);
+    for (int idx = lane; idx < kLd * kLd; idx += 32) tile[idx] = wide_value_at<Mem>(seed + 2, idx);
     Mem* column = odd;
     Mem* row = odd + kLd;
     const Mem sentinel = from_int<Mem>(99);
@@ -194,9 +228,9 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     wmmae::store_vector<Frag, Mem, wmmae::VectorAs::row0>(row, ref, row_count, 2.0f);
     __syncwarp();
     for (int e = lane; e < kLd; e += 32) {
-      const float column_expected = e < column_count ? as_float(tile[at(e, 0)]) : 99.0f;
-      const float row_expected = e < row_count ? 2.0f * as_float(tile[at(0, e)]) : 99.0f;
-      err[kStoreVector] += (as_float(column[e]) != column_expected) + (as_float(row[e]) != row_expected);
+      const double column_expected = e < column_count ? as_double(tile[at(e, 0)]) : 99.0;
+      const double row_expected = e < row_count ? 2.0 * as_double(tile[at(0, e)]) : 99.0;
+      err[kStoreVector] += (as_double(column[e]) != column_expected) + (as_double(row[e]) != row_expected);
     }
   }
 
@@ -234,8 +268,8 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     __syncwarp();
     for (int idx = lane; idx < R * C; idx += 32) {
       const int i = idx / C, j = idx % C;
-      const float expected = (i < rows && j < cols) ? as_float(tile[at(i, j)]) : 99.0f;
-      err[kStoreWithOp] += as_float(odd[at(i, j)]) != expected;
+      const double expected = (i < rows && j < cols) ? as_double(tile[at(i, j)]) : 99.0;
+      err[kStoreWithOp] += as_double(odd[at(i, j)]) != expected;
     }
   }
   // Accumulators with side-by-side cores: the quads written out == store_matrix_sync, each element once.
@@ -250,7 +284,7 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
       err[kRowQuads] += j % 4 != 0;
       for (int e = 0; e < 4; ++e) {
         atomicAdd(&visits[i * 32 + j + e], 1);
-        err[kRowQuads] += as_float(quad.v[e]) != as_float(tile[at(i, j + e)]);
+        err[kRowQuads] += as_double(quad.v[e]) != as_double(tile[at(i, j + e)]);
       }
     });
     __syncwarp();

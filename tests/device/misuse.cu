@@ -1,0 +1,26 @@
+// Uses of the device library that must not compile (tests/test_device_library.py compiles this with
+// -DMISUSE=<case> and expects each case's static_assert message; case 0 is the correct use, which must compile).
+#include "wmmae/wmmae.hpp"
+
+using namespace nvcuda;
+
+__global__ void misuse(const __half* p) {
+  auto same = [](__half v) { return v; };
+  (void)same;
+#if MISUSE == 0
+  wmma::fragment<wmma::accumulator, 16, 16, 16, __half> acc;
+  wmmae::load_matrix_with_op(acc, p, 16, wmma::mem_row_major, same);
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+  wmmae::load_matrix_with_op(a, p, 16, same);
+#elif MISUSE == 1  // an operand through the accumulators' overload (it would ignore the operand's own layout)
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+  wmmae::load_matrix_with_op(a, p, 16, wmma::mem_col_major, same);
+#elif MISUSE == 2  // on sm_75, a fragment whose layout has not been measured there
+  wmma::fragment<wmma::matrix_a, 32, 8, 16, __half, wmma::row_major> a;
+  wmmae::fill_zero(a);
+#elif MISUSE == 3  // one multi-fragment load into fragments of different layouts
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+  wmmae::load_matrices_with_op(p, 16, [](__half, int, int, auto, auto&, auto&) {}, a, b);
+#endif
+}
