@@ -1,11 +1,13 @@
 """The C++ API (csrc/include/torch_wmmae/ops.h) and its CMake package, driven from pytest.
 
 Builds the library and its ctest with CMake against the installed torch (with the CUDA kernels where a GPU
-and nvcc are present), runs the ctest, installs the package, builds the example program against it with
-find_package(torch_wmmae), and checks that C++ and Python give the same bits for the same inputs.
+and nvcc are present), runs the ctest, installs the package, builds the example program and a program that
+uses only the dispatcher against it with find_package(torch_wmmae), and checks that C++ and Python give the
+same bits for the same inputs.
 """
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -53,11 +55,20 @@ def test_ctest_passes(cpp_build):
     assert "100% tests passed" in out
 
 
-def test_cuda_checks_ran_on_a_gpu(cpp_build):
+def test_cpp_program_passes_every_check(cpp_build):
+    """The program's own count: every check passed, and on a GPU machine the CUDA checks ran as well."""
     out = _run([cpp_build / "test_cpp_api"])
-    assert " failed" in out and "0 failed" in out
+    counts = re.search(r"^(\d+) passed, (\d+) failed$", out, re.MULTILINE)
+    assert counts, out
+    passed, failed = int(counts[1]), int(counts[2])
+    checks = [line for line in out.splitlines() if line.startswith(("ok  ", "FAIL"))]
+    assert failed == 0 and passed == len(checks), out
+    on_cuda = [line for line in checks if "on cuda:0" in line]
     if _with_cuda():
-        assert "on cuda:0" in out and "skip CUDA checks" not in out
+        assert on_cuda and "skip CUDA checks" not in out, out
+        assert len(on_cuda) == len([line for line in checks if "on cpu" in line]) + 1, out  # + fragment_map
+    else:
+        assert not on_cuda and passed >= 7, out
 
 
 def test_hopper_build_has_the_sm90a_kernels(cpp_build):
@@ -73,13 +84,19 @@ def test_hopper_build_has_the_sm90a_kernels(cpp_build):
     assert "corrected_gemm_sm90_kernel" in sass and "HGMMA" in sass
 
 
-def test_same_bits_as_python(cpp_build, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_same_bits_as_python(cpp_build, tmp_path, device):
+    if device == "cuda" and not _with_cuda():
+        pytest.skip("needs a CUDA GPU and nvcc")
     dump = tmp_path / "cpp_result.bin"
-    _run([cpp_build / "test_cpp_api", "--dump", dump])
+    _run([cpp_build / "test_cpp_api", "--dump", dump, device])
     from_cpp = torch.frombuffer(bytearray(dump.read_bytes()), dtype=torch.float32).reshape(33, 21)
-    wave = lambda r, c, step: torch.arange(r * c, dtype=torch.float32).reshape(r, c).mul(step).sin()  # noqa: E731
-    from_python = torch_wmmae.corrected_matmul(wave(33, 70, 0.37), wave(70, 21, 0.11), method="auto")
+    wave = lambda r, c, step: torch.arange(r * c, dtype=torch.float32).reshape(r, c).mul(step).sin().to(device)  # noqa: E731
+    from_python = torch_wmmae.corrected_matmul(wave(33, 70, 0.37), wave(70, 21, 0.11), method="auto").cpu()
     assert torch.equal(from_cpp, from_python)
+    # (and not a result both sides would give for any inputs: it is the product, to float32 accuracy)
+    ref = wave(33, 70, 0.37).cpu().double() @ wave(70, 21, 0.11).cpu().double()
+    assert ((from_cpp.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
 def test_example_builds_against_the_installed_package(cpp_build, tmp_path):
@@ -94,3 +111,18 @@ def test_example_builds_against_the_installed_package(cpp_build, tmp_path):
     ours = float(out.split("corrected_matmul relative error vs float64:")[1].split()[0])
     fp32 = float(out.split("torch::matmul fp32 relative error vs float64:")[1].split()[0])
     assert ours <= 4 * max(fp32, 2**-24), out
+
+
+def test_program_using_only_the_dispatcher_keeps_the_library(cpp_build, tmp_path):
+    """A program that calls the operators only through the dispatcher names no symbol of libtorch_wmmae.so; linked
+    with --as-needed (the default of several distributions), the package's target must still keep the library,
+    or the operators would not exist at run time."""
+    build = tmp_path / "dispatcher_only"
+    prefix_path = f"{torch.utils.cmake_prefix_path};{PREFIX}"
+    args = [f"-DCMAKE_PREFIX_PATH={prefix_path}", "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed"]
+    if cpp_extension.CUDA_HOME:
+        args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}"]
+    _run(["cmake", "-S", ROOT / "tests" / "cpp" / "dispatcher_only", "-B", build, *args])
+    _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
+    out = _run([build / "dispatcher_only"])
+    assert "corrected_matmul through the dispatcher: relative error" in out, out

@@ -1,6 +1,7 @@
 // C++ API test (ctest): the wmmae operators called from LibTorch without Python, on the CPU and, when the
 // library has CUDA kernels and a GPU is present, on CUDA tensors. Prints "N passed, N failed" last.
-//   test_cpp_api [--dump PATH]   PATH: write the result of the bitwise case (tests/test_cpp_api.py)
+//   test_cpp_api [--dump PATH [cuda]]   write the result of the bitwise case, computed on the CPU or on cuda:0,
+//                                       to PATH (tests/test_cpp_api.py compares it with Python's)
 #include <torch/torch.h>
 #include <torch_wmmae/ops.h>
 
@@ -69,6 +70,16 @@ void check_device(const at::Device& device) {
   const at::Tensor u64 = u.cpu().to(at::kDouble);
   check(at::equal(p.cpu(), (u64.unsqueeze(-1) * u64.unsqueeze(-2)).to(at::kFloat)),
         "batched_outer fp16 exact" + on);
+  {
+    // batched_outer's autograd is registered in C++ as well: v = None, so grad_u = (g + g^T) u.
+    const at::Tensor gu = torch::randn({5, 12}).to(device).requires_grad_();
+    const at::Tensor g = torch::randn({5, 12, 12}).to(device);
+    torch_wmmae::batched_outer(gu, std::nullopt, 0.5).backward(g);
+    const at::Tensor g64 = g.cpu().to(at::kDouble);
+    const at::Tensor want = (g64 + g64.transpose(-1, -2)).matmul(gu.detach().cpu().to(at::kDouble).unsqueeze(-1)).squeeze(-1);
+    const double err = rel_err(gu.grad().cpu(), want);
+    check(gu.grad().sizes() == gu.sizes() && err < 1e-5, "batched_outer backward" + on + ": rel err " + sci(err));
+  }
   bool threw = false;
   try {
     torch_wmmae::corrected_matmul(a.to(at::kDouble), b);
@@ -96,8 +107,10 @@ int main(int argc, char** argv) {
   if (has_cuda_kernels() && torch::cuda::is_available()) check_device(at::Device(at::kCUDA, 0));
   else std::printf("skip CUDA checks (no CUDA kernels in this build, or no GPU)\n");
 
-  if (argc == 3 && std::string(argv[1]) == "--dump") {
-    const at::Tensor c = torch_wmmae::corrected_matmul(wave(33, 70, 0.37), wave(70, 21, 0.11), "auto").contiguous();
+  if (argc >= 3 && std::string(argv[1]) == "--dump") {
+    const at::Device device = argc >= 4 ? at::Device(argv[3]) : at::Device(at::kCPU);
+    const at::Tensor c =
+        torch_wmmae::corrected_matmul(wave(33, 70, 0.37).to(device), wave(70, 21, 0.11).to(device), "auto").cpu();
     std::ofstream(argv[2], std::ios::binary).write(static_cast<const char*>(c.data_ptr()), c.nbytes());
   }
   std::printf("%d passed, %d failed\n", passed, failed);
