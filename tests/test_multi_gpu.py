@@ -30,7 +30,7 @@ ACC16 = ("accumulator", 16, 16, 16, "float")
 
 
 def check_ops_on(dev: torch.device, gen: torch.Generator) -> None:
-    """Both ops (every method, forward and backward) and fragment_map on `dev`: outputs on `dev`, correct."""
+    """Both ops (forward, every method, and backward) and fragment_map on `dev`: outputs on `dev`, correct."""
     a = random_tensor(gen, (129, 300), "normal", dev)
     b = random_tensor(gen, (300, 65), "normal", dev)
     for method in ("auto", "fp16", "tf32"):
@@ -53,6 +53,13 @@ def check_ops_on(dev: torch.device, gen: torch.Generator) -> None:
     out = batched_outer(u32, out_dtype=torch.bfloat16)
     assert out.device == dev
     assert_outer_correct(out, u32, None, 0.0, torch.bfloat16)
+    u_req, v_req = u.clone().requires_grad_(), v.clone().requires_grad_()
+    g = random_tensor(gen, (7, 48, 48), "normal", dev)
+    batched_outer(u_req, v_req, alpha=0.5).backward(g)
+    assert u_req.grad.device == dev and v_req.grad.device == dev and u_req.grad.dtype == torch.float16
+    g64 = g.double()
+    assert rel_err(u_req.grad, (g64 @ v.double().unsqueeze(-1)).squeeze(-1)) < 1e-3  # (fp16 gradients)
+    assert rel_err(v_req.grad, (g64.mT @ u.double().unsqueeze(-1)).squeeze(-1)) < 1e-3
 
     table = fragment_map(*ACC16, device=dev)
     assert table.device == dev

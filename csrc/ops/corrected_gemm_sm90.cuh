@@ -325,6 +325,10 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid. kM: the fp16 method, or the tf32
 // method (corrected_gemm_sm90_tf32_kernel: tf32 hi and residual, k-steps of 8; the method's
 // tiles of "auto" too, after the fp16 GEMM).
+// (nvcc's front end warns that corr is "used before its value is set": only wgmma's asm writes it, by design; see
+// its declaration.)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 549
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps) {
   static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
@@ -1010,6 +1014,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   }
 #endif
 }
+#pragma nv_diagnostic pop
 
 template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
 __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
