@@ -313,23 +313,76 @@ def test_gradient_of_one_input(device, gen, which):
     _assert_gradient_close(x.grad, want, other.detach().cpu().double().abs().sum(-1, keepdim=True).expand(4, 11), 11)
 
 
-def test_double_backward_matches_float64(device, gen):
-    """The backward is made of differentiable ops: gradients of gradients work (create_graph=True)."""
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+def test_double_backward_matches_float64(device, gen, with_v):
+    """The backward is made of differentiable ops: gradients of gradients work (create_graph=True). With v, the
+    derivative of grad_u = g v by v; with v = None, that of grad_u = (g + g^T) u by u."""
     n = 13
     u = random_tensor(gen, (5, n), "normal", device).requires_grad_()
-    v = random_tensor(gen, (5, n), "normal", device).requires_grad_()
+    v = random_tensor(gen, (5, n), "normal", device).requires_grad_() if with_v else None
     g = random_tensor(gen, (5, n, n), "normal", device)
     weight = random_tensor(gen, (5, n), "normal", device)
     (grad_u,) = torch.autograd.grad(batched_outer(u, v, alpha=2.0), u, g, create_graph=True)
-    (grad_v_of_grad_u,) = torch.autograd.grad((grad_u * weight).sum(), v)
+    (second,) = torch.autograd.grad((grad_u * weight).sum(), v if with_v else u)
 
     u64 = u.detach().cpu().double().requires_grad_()
-    v64 = v.detach().cpu().double().requires_grad_()
+    v64 = v.detach().cpu().double().requires_grad_() if with_v else u64
     (ref_grad_u,) = torch.autograd.grad(_outer64(u64, v64, 2.0), u64, g.cpu().double(), create_graph=True)
     (ref,) = torch.autograd.grad((ref_grad_u * weight.cpu().double()).sum(), v64)
-    # d/dv_j sum_i w_i sum_k g_ik v_k = sum_i w_i g_ij: the magnitude is the same sum over |terms|.
-    magnitude = torch.einsum("bi,bij->bj", weight.cpu().double().abs(), g.cpu().double().abs())
-    _assert_gradient_close(grad_v_of_grad_u, ref, magnitude, n)
+    # d/dv_j sum_i w_i sum_k g_ik v_k = sum_i w_i g_ij (and g_ij + g_ji for v = None): the same sums over |terms|.
+    g_abs = g.cpu().double().abs()
+    magnitude = torch.einsum("bi,bij->bj", weight.cpu().double().abs(), g_abs if with_v else g_abs + g_abs.mT)
+    _assert_gradient_close(second, ref, magnitude, n)
+
+
+@pytest.fixture
+def tf32_matmuls():
+    """float32 matmuls allowed to run in TF32 for the test, as a training script may set them."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous[0]
+    torch.set_float32_matmul_precision(previous[1])
+
+
+@pytest.mark.usefixtures("tf32_matmuls")
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+def test_gradients_stay_float32_where_matmuls_may_use_tf32(device, gen, with_v):
+    n = 64
+    u = random_tensor(gen, (4, n), "normal", device).requires_grad_()
+    v = random_tensor(gen, (4, n), "normal", device).requires_grad_() if with_v else None
+    g = random_tensor(gen, (4, n, n), "normal", device)
+    batched_outer(u, v).backward(g)
+    u64, g64 = u.detach().cpu().double(), g.cpu().double()
+    v64 = v.detach().cpu().double() if with_v else u64
+    g_u = g64 if with_v else g64 + g64.mT
+    want = (g_u * v64.unsqueeze(-2)).sum(-1)
+    _assert_gradient_close(u.grad, want, (g_u.abs() * v64.abs().unsqueeze(-2)).sum(-1), n)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (inside torch.func.jvp)
+def test_forward_mode_ad_is_refused(device, gen):
+    """No forward-mode derivative: an input with a tangent is refused, rather than given a zero derivative."""
+    import torch.autograd.forward_ad as fwAD
+
+    u = random_tensor(gen, (3, 8), "normal", device)
+    tangent = random_tensor(gen, (3, 8), "normal", device)
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError, match=r"batched_outer: argument 'u' carries a forward-mode tangent"):
+            batched_outer(fwAD.make_dual(u, tangent))
+        with pytest.raises(RuntimeError, match=r"batched_outer: argument 'v' carries a forward-mode tangent"):
+            batched_outer(u, fwAD.make_dual(u.clone(), tangent))
+    with pytest.raises(RuntimeError, match=r"forward-mode tangent"):
+        torch.func.jvp(lambda x: batched_outer(x), (u,), (tangent,))
+
+
+def test_inference_mode(device, gen):
+    u = random_tensor(gen, (3, 8), "normal", device, torch.float16).requires_grad_()
+    with torch.inference_mode():
+        out = batched_outer(u, alpha=1.0)
+    assert out.grad_fn is None and not out.requires_grad
+    assert_rounded_reference(out, outer_reference64(u, None, 1.0), diag_ulps=0, offdiag_ulps=0)
 
 
 def test_no_graph_without_requires_grad(device, gen):

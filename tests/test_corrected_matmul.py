@@ -667,6 +667,22 @@ def test_double_backward_matches_float64(device, gen, method):
     assert rel_err(grad_b_of_grad_a, ref) < 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (inside torch.func.jvp)
+def test_forward_mode_ad_is_refused(device, gen):
+    """No forward-mode derivative: an input with a tangent is refused, rather than given a zero derivative."""
+    import torch.autograd.forward_ad as fwAD
+
+    a = random_tensor(gen, (4, 9), "normal", device)
+    b = random_tensor(gen, (9, 3), "normal", device)
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError, match=r"corrected_matmul: argument 'a' carries a forward-mode tangent"):
+            corrected_matmul(fwAD.make_dual(a, torch.ones_like(a)), b)
+        with pytest.raises(RuntimeError, match=r"corrected_matmul: argument 'b' carries a forward-mode tangent"):
+            corrected_matmul(a, fwAD.make_dual(b, torch.ones_like(b)))
+    with pytest.raises(RuntimeError, match=r"forward-mode tangent"):
+        torch.func.jvp(lambda x: corrected_matmul(x, b), (a,), (torch.ones_like(a),))
+
+
 # --------------------------------------------------------------------------------------------------------
 # torch.library / torch.compile integration
 # --------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Python API of the wmmae operators: thin wrappers over torch.ops.wmmae, each with its fake (meta) kernel
-for torch.compile beside it. corrected_matmul's autograd is registered in C++
-(csrc/ops/corrected_matmul_autograd.cpp)."""
+for torch.compile beside it. The autograd of corrected_matmul and batched_outer is registered in C++
+(csrc/ops/*_autograd.cpp): reverse mode only; an input with a forward-mode tangent is refused."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -91,6 +91,9 @@ def batched_outer(
             ``v`` defaults to ``u``.
         alpha: added once to every diagonal element, as a float32 value.
         out_dtype: float32 (default), float16 or bfloat16.
+
+    Differentiable in ``u`` and ``v`` (reverse mode): ``grad_u = g v`` and ``grad_v = g^T u`` for an incoming
+    gradient ``g``, computed in float32 and returned in the inputs' dtype.
 
     Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs: each element is the exact
     ``u_i v_j`` (plus ``alpha`` on the diagonal) rounded once to float32, then to ``out_dtype`` if that is

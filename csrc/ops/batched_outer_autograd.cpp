@@ -1,7 +1,9 @@
 // Autograd of batched_outer: out = u v^T + alpha I per batch index, so for an incoming gradient g (..., n, n)
 //   grad_u = g v      grad_v = g^T u      (v = None: grad_u = (g + g^T) u)
 // computed in float32 (the inputs are at most float32) with differentiable ATen ops, so that double backward
-// works, and returned in the inputs' dtype. alpha and out_dtype get no gradient.
+// works, and returned in the inputs' dtype. Products and sums rather than at::matmul: a float32 matmul may run
+// in TF32 (torch.backends.cuda.matmul.allow_tf32, set_float32_matmul_precision), about 10 bits. alpha and
+// out_dtype get no gradient. Forward mode is refused (forward_ad.hpp).
 //
 // In C++ for the reasons given in corrected_matmul_autograd.cpp: a call that records no gradient only
 // redispatches, and LibTorch programs get the gradients too.
@@ -11,6 +13,8 @@
 #include <torch/library.h>
 
 #include <optional>
+
+#include "forward_ad.hpp"
 
 namespace wmmae_ops {
 namespace {
@@ -30,7 +34,7 @@ at::Tensor batched_outer_below_autograd(const at::Tensor& u, const std::optional
 
 // g (..., n, n) times x (..., n) as a column: (..., n), in float32.
 at::Tensor times_vector(const at::Tensor& g, const at::Tensor& x) {
-  return at::matmul(g.to(at::kFloat), x.to(at::kFloat).unsqueeze(-1)).squeeze(-1);
+  return (g.to(at::kFloat) * x.to(at::kFloat).unsqueeze(-2)).sum(-1);
 }
 
 class BatchedOuterFunction : public torch::autograd::Function<BatchedOuterFunction> {
@@ -49,7 +53,10 @@ class BatchedOuterFunction : public torch::autograd::Function<BatchedOuterFuncti
     const at::Tensor& g = grad_outputs[0];
     if (ctx->saved_data["v_is_u"].toBool()) {
       at::Tensor grad_u;
-      if (ctx->needs_input_grad(0)) grad_u = (times_vector(g, u) + times_vector(g.transpose(-1, -2), u)).to(u.scalar_type());
+      if (ctx->needs_input_grad(0)) {
+        const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
+        grad_u = times_vector(g32 + g32.transpose(-1, -2), u).to(u.scalar_type());
+      }
       return {grad_u, at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor grad_u, grad_v;
@@ -61,6 +68,8 @@ class BatchedOuterFunction : public torch::autograd::Function<BatchedOuterFuncti
 
 at::Tensor batched_outer_autograd(const at::Tensor& u, const std::optional<at::Tensor>& v, double alpha,
                                   std::optional<at::ScalarType> out_dtype) {
+  refuse_tangent("batched_outer", "u", u);
+  if (v.has_value()) refuse_tangent("batched_outer", "v", *v);
   const bool any_requires_grad = u.requires_grad() || (v.has_value() && v->requires_grad());
   if (!at::GradMode::is_enabled() || !any_requires_grad) return batched_outer_below_autograd(u, v, alpha, out_dtype);
   return BatchedOuterFunction::apply(u, v, alpha, out_dtype);

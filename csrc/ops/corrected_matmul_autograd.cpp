@@ -12,6 +12,8 @@
 
 #include <string>
 
+#include "forward_ad.hpp"
+
 namespace wmmae_ops {
 namespace {
 
@@ -65,6 +67,8 @@ class CorrectedMatmulFunction : public torch::autograd::Function<CorrectedMatmul
 };
 
 at::Tensor corrected_matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
+  refuse_tangent("corrected_matmul", "a", a);
+  refuse_tangent("corrected_matmul", "b", b);
   if (!at::GradMode::is_enabled() || !(a.requires_grad() || b.requires_grad())) {
     return corrected_matmul_below_autograd(a, b, method);
   }
