@@ -23,7 +23,7 @@ CSRC = os.path.join(ROOT, "csrc")
 DEVICE_DIR = os.path.join(ROOT, "tests", "device")
 CHECKS = ["foreach_ij coverage", "map inverse", "load_matrix_with_op(identity)", "partial tile, odd ldm",
           "load_vector", "load_vector scaled", "make_identity", "store_matrix_with_op", "multi-fragment load",
-          "row quads", "store_vector", "foreach_diagonal", "fill_zero"]
+          "row quads", "store_vector", "foreach_diagonal", "fill_zero", "integer results"]
 # PyTorch's own flags: the library must not rely on implicit half/bf16 conversions.
 NO_IMPLICIT_HALF = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]

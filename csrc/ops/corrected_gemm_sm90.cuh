@@ -325,10 +325,6 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid. kM: the fp16 method, or the tf32
 // method (corrected_gemm_sm90_tf32_kernel: tf32 hi and residual, k-steps of 8; the method's
 // tiles of "auto" too, after the fp16 GEMM).
-// (nvcc's front end warns that corr is "used before its value is set": only wgmma's asm writes it, by design; see
-// its declaration.)
-#pragma nv_diagnostic push
-#pragma nv_diag_suppress 549
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps) {
   static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
@@ -767,11 +763,15 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       // (Never with kReadBack: its blocks sum several chunks without split-K.)
       if (!kReadBack && tile.direct && (atomic_output || (first_chunk && last_chunk))) {
         // The results of accumulator elements x and x + 1 (row r, columns j and j + 1 from 2 * quad).
+        // (nvcc's front end takes corr for "used before its value is set": only wgmma's asm writes it, by design.)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 549
         auto result_pair = [&](int x, int r, int j) {
           const int2 bs = *reinterpret_cast<const int2*>(b_shift + j);
           return make_float2(unscale_direct(chunk_result<kM>(sum[x], corr[x]), a_shift[r] + bs.x),
                              unscale_direct(chunk_result<kM>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
         };
+#pragma nv_diagnostic pop
         auto write = [&](auto* out, auto v) {  // (float2 or float4)
           if (atomic_output) {
             atomicAdd(out, v);
@@ -1014,7 +1014,6 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   }
 #endif
 }
-#pragma nv_diagnostic pop
 
 template <bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass>
 __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)

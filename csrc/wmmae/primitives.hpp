@@ -24,23 +24,59 @@ __device__ __forceinline__ int lane_id() {
 }
 
 // Explicit conversions between element types (PyTorch builds with __CUDA_NO_HALF_CONVERSIONS__, so the
-// 16-bit types never convert implicitly). 16-bit results are rounded to nearest.
+// 16-bit types never convert implicitly).
 template <class T> __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+namespace detail {
+
+// Types whose values float cannot all hold: conversions and products involving them go through double.
+template <class T> constexpr bool is_wide = std::is_same<T, double>::value || std::is_integral<T>::value;
+
+template <class T> __device__ __forceinline__ double to_double(T v) {
+  if constexpr (std::is_arithmetic<T>::value) return static_cast<double>(v);
+  else return static_cast<double>(to_float(v));  // (16-bit types: exact)
+}
+
+// The integer nearest to x + residual (ties to even), saturated at S's range; NaN gives 0 (as cvt.rni.sat).
+// residual: where x was itself rounded from an exact value x + residual (a product), that value decides the
+// ties of x, which it may lie just off.
+template <class S>
+__device__ __forceinline__ S to_integer(double x, double residual = 0.0) {
+  static_assert(sizeof(S) <= 4, "wmmae: integer conversions are defined for types of up to 32 bits");
+  if (x != x) return S(0);
+  double q = rint(x);
+  if (residual != 0.0 && fabs(x - trunc(x)) == 0.5) q = residual > 0.0 ? ceil(x) : floor(x);
+  // (std::numeric_limits is host-only without --expt-relaxed-constexpr)
+  constexpr int kValueBits = 8 * static_cast<int>(sizeof(S)) - (std::is_signed<S>::value ? 1 : 0);
+  constexpr double kHi = static_cast<double>((1ull << kValueBits) - 1);
+  constexpr double kLo = std::is_signed<S>::value ? -kHi - 1.0 : 0.0;
+  return static_cast<S>(fmin(fmax(q, kLo), kHi));
+}
+
+}  // namespace detail
+
+// v as a To, rounded to nearest: floating-point results ties to even; integer results too, saturated at the
+// type's range, NaN giving 0. Values of double and integer types convert through double, the others through
+// float (exact either way).
 template <class To, class From>
 __device__ __forceinline__ To convert(From v) {
+  constexpr bool kWide = detail::is_wide<From>;
   if constexpr (std::is_same<To, From>::value) {
     return v;
+  } else if constexpr (std::is_integral<To>::value) {
+    return detail::to_integer<To>(detail::to_double(v));
   } else if constexpr (std::is_same<To, __half>::value) {
-    return __float2half_rn(to_float(v));
+    if constexpr (kWide) return __double2half(detail::to_double(v));
+    else return __float2half_rn(to_float(v));
   } else if constexpr (std::is_same<To, __nv_bfloat16>::value) {
-    return __float2bfloat16_rn(to_float(v));
-  } else if constexpr (std::is_same<From, __half>::value || std::is_same<From, __nv_bfloat16>::value) {
-    return static_cast<To>(to_float(v));
+    if constexpr (kWide) return __double2bfloat16(detail::to_double(v));
+    else return __float2bfloat16_rn(to_float(v));
+  } else if constexpr (kWide || detail::is_wide<To>) {
+    return static_cast<To>(detail::to_double(v));
   } else {
-    return static_cast<To>(v);
+    return static_cast<To>(to_float(v));
   }
 }
 
@@ -150,44 +186,20 @@ __device__ __forceinline__ void make_identity(Frag& frag, float alpha) {
   foreach_ij(frag, [&](auto xs, int i, int j) { assign(frag, xs, i == j ? diagonal : zero); });
 }
 
-namespace detail {
-
-template <class T> constexpr bool is_wide = std::is_same<T, double>::value || std::is_integral<T>::value;
-
-template <class T> __device__ __forceinline__ double to_double(T v) { return static_cast<double>(to_float(v)); }
-template <> __device__ __forceinline__ double to_double<double>(double v) { return v; }
-template <> __device__ __forceinline__ double to_double<int>(int v) { return static_cast<double>(v); }
-
-// Rounded to nearest; integers saturate at their range (NaN gives the lowest value).
-template <class S>
-__device__ __forceinline__ S from_double(double w) {
-  if constexpr (std::is_same<S, __half>::value) {
-    return __double2half(w);
-  } else if constexpr (std::is_same<S, __nv_bfloat16>::value) {
-    return __double2bfloat16(w);
-  } else if constexpr (std::is_integral<S>::value) {
-    // (std::numeric_limits is host-only without --expt-relaxed-constexpr)
-    constexpr int kValueBits = 8 * static_cast<int>(sizeof(S)) - (std::is_signed<S>::value ? 1 : 0);
-    constexpr double kHi = static_cast<double>((1ull << kValueBits) - 1);
-    constexpr double kLo = std::is_signed<S>::value ? -kHi - 1.0 : 0.0;
-    return static_cast<S>(fmin(fmax(rint(w), kLo), kHi));
-  } else {
-    return static_cast<S>(w);
-  }
-}
-
-}  // namespace detail
-
-// v * scale as an S, rounded once; a plain copy when neither a conversion nor a scaling is needed. The product
-// is taken in double where either type is double or an integer type (float would round f64 values, and
-// integers above 2^24), in float otherwise (exact for the 16-bit types).
+// v * scale as an S, rounded as convert<S> rounds (integers: the exact product decides, ties to even); a plain copy
+// when neither a conversion nor a scaling is needed. The product is taken in double where either type is
+// double or an integer type (float would round f64 values, and integers above 2^24), in float otherwise (exact
+// for the 16-bit types).
 template <class S, class T>
 __device__ __forceinline__ S scaled(T v, float scale) {
   if constexpr (std::is_same<S, T>::value) {
     if (scale == 1.0f) return v;
   }
   if constexpr (detail::is_wide<S> || detail::is_wide<T>) {
-    return detail::from_double<S>(detail::to_double(v) * static_cast<double>(scale));
+    const double a = detail::to_double(v), b = static_cast<double>(scale);
+    const double product = a * b;
+    if constexpr (std::is_integral<S>::value) return detail::to_integer<S>(product, fma(a, b, -product));
+    else return convert<S>(product);
   } else {
     return convert<S>(to_float(v) * scale);
   }

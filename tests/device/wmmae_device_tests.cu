@@ -28,6 +28,8 @@ enum Check {
                         // elements, nothing past count
   kForeachDiagonal,     // foreach_diagonal visits exactly the holders of (i, i), as map() names them, with row i
   kFillZero,            // fill_zero over a fragment of non-zero values == fill_fragment(0)
+  kIntegerResults,      // integer results of load_vector/store_vector: nearest (ties to even, by the exact
+                        // product), saturated, NaN -> 0; references in integer arithmetic
   kNumChecks
 };
 
@@ -70,6 +72,22 @@ template <class Mem> __device__ Mem from_int(int v) { return wmmae::convert<Mem>
 template <class S> __device__ double as_double(S v) {
   if constexpr (std::is_same<S, double>::value || std::is_same<S, int>::value) return static_cast<double>(v);
   else return static_cast<double>(wmmae::to_float(v));
+}
+
+// num / den rounded to the nearest integer, ties to even (den > 0), and clamped to Mem's range.
+__device__ long long div_round_half_even(long long num, long long den) {
+  long long q = num / den, r = num % den;
+  if (r < 0) {
+    r += den;
+    q -= 1;
+  }
+  if (2 * r > den || (2 * r == den && (q & 1))) q += 1;
+  return q;
+}
+template <class Mem> __device__ Mem clamp_to(long long v) {
+  const long long lo = std::is_signed<Mem>::value ? -(1ll << (8 * sizeof(Mem) - 1)) : 0;
+  const long long hi = std::is_signed<Mem>::value ? (1ll << (8 * sizeof(Mem) - 1)) - 1 : (1ll << (8 * sizeof(Mem))) - 1;
+  return static_cast<Mem>(v < lo ? lo : v > hi ? hi : v);
 }
 
 template <class Frag>
@@ -232,6 +250,62 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
       const double row_expected = e < row_count ? 2.0 * as_double(tile[at(0, e)]) : 99.0;
       err[kStoreVector] += (as_double(column[e]) != column_expected) + (as_double(row[e]) != row_expected);
     }
+  }
+
+  // Integer results. Operands (s8/u8): load_vector at scales 1/2 (ties), 20 (saturation high) and -1 (u8: low).
+  if constexpr (Tr::use != Use::accumulator && std::is_integral<Mem>::value) {
+    constexpr bool kColumn = Tr::use == Use::matrix_a;
+    const int count = kColumn ? R : C;
+    const int scales[3][2] = {{1, 2}, {20, 1}, {-1, 1}};  // numerator, denominator
+    for (int s = 0; s < 3; ++s) {
+      __syncwarp();
+      for (int idx = lane; idx < kLd * kLd; idx += 32) {
+        const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+        const int along = kColumn ? i : j, across = kColumn ? j : i;
+        tile[idx] = (across == 0 && along < count)
+                        ? clamp_to<Mem>(div_round_half_even(static_cast<long long>(src[along]) * scales[s][0], scales[s][1]))
+                        : Mem(0);
+      }
+      __syncwarp();
+      load_ref(ref, tile, kLd);
+      wmmae::load_vector(got, static_cast<const Mem*>(src), count, static_cast<float>(scales[s][0]) / scales[s][1]);
+      err[kIntegerResults] += count_mismatch(ref, got);
+    }
+  }
+  // s32 accumulators: store_vector at scale (2^23 + 1) / 2^24, whose products of up to 55 bits can round (in
+  // double) onto a tie that the exact product lies off (2^31 - 1 does), and at scale 3, which saturates.
+  if constexpr (Tr::use == Use::accumulator && std::is_same<Mem, int>::value) {
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int magnitude = 0x7fffffff - static_cast<int>(hash(seed * 3u + idx) % 100000u);
+      tile[idx] = idx == 0 ? 0x7fffffff : (hash(seed + idx) & 1u) ? magnitude : -magnitude;
+    }
+    int* const out = visits;
+    for (int idx = lane; idx < 2 * kLd; idx += 32) out[idx] = 99;
+    __syncwarp();
+    load_ref(ref, tile, kLd);
+    wmmae::store_vector<Frag, int, wmmae::VectorAs::column0>(out, ref, R, 0.5f + 0x1p-24f);
+    wmmae::store_vector<Frag, int, wmmae::VectorAs::column0>(out + kLd, ref, R, 3.0f);
+    __syncwarp();
+    for (int e = lane; e < R; e += 32) {
+      const long long v = tile[at(e, 0)];
+      err[kIntegerResults] += out[e] != div_round_half_even(v * ((1 << 23) + 1), 1 << 24);
+      err[kIntegerResults] += out[kLd + e] != clamp_to<int>(3 * v);
+    }
+  }
+  // float accumulators stored as int: NaN, ties, out-of-range values and values below one half.
+  if constexpr (Tr::use == Use::accumulator && std::is_same<Mem, float>::value) {
+    constexpr int kCases = 8;
+    const float value[kCases] = {__int_as_float(0x7fc00000), 2.5f, -2.5f, 3.5f, 3e9f, -3e9f, -0.5f, 1e-30f};
+    const int expected[kCases] = {0, 2, -2, 4, 0x7fffffff, -0x7fffffff - 1, 0, 0};
+    Frag acc;
+    wmmae::foreach(acc, [&](int x, int i, int) { acc.x[x] = i < kCases ? value[i] : 1.0f; });
+    __syncwarp();
+    for (int idx = lane; idx < kLd; idx += 32) visits[idx] = 99;
+    __syncwarp();
+    wmmae::store_vector<Frag, int, wmmae::VectorAs::column0>(visits, acc, kCases);
+    __syncwarp();
+    for (int e = lane; e < kLd; e += 32) err[kIntegerResults] += visits[e] != (e < kCases ? expected[e] : 99);
   }
 
   // make_identity == alpha * I loaded from memory.
