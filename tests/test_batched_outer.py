@@ -377,6 +377,22 @@ def test_forward_mode_ad_is_refused(device, gen):
         torch.func.jvp(lambda x: batched_outer(x), (u,), (tangent,))
 
 
+def test_torch_func_gradients_are_refused(device, gen):
+    """The autograd kernel is a C++ torch::autograd::Function, which functorch's transforms refuse: with the op's
+    name in the message. (torch.func.vmap of the forward alone works: nothing records a gradient there.)"""
+    u = random_tensor(gen, (3, 8), "normal", device)
+    with pytest.raises(RuntimeError, match=r"batched_outer: gradients inside torch.func transforms"):
+        torch.func.grad(lambda x: batched_outer(x).sum())(u)
+    batched = torch.func.vmap(lambda x: batched_outer(x))(u.unsqueeze(1))
+    assert torch.equal(batched.squeeze(1), batched_outer(u))
+
+
+def test_alpha_must_be_a_number(device, gen):
+    u = random_tensor(gen, (3, 8), "normal", device, torch.float16)
+    with pytest.raises(TypeError, match=r"batched_outer: argument 'alpha' must be a Python number, got a Tensor"):
+        batched_outer(u, alpha=torch.tensor(0.5))
+
+
 def test_inference_mode(device, gen):
     u = random_tensor(gen, (3, 8), "normal", device, torch.float16).requires_grad_()
     with torch.inference_mode():

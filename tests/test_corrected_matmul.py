@@ -575,7 +575,7 @@ def _bad_cases(device):
         "b_0d": ((f(4), f()), {}, r"argument 'b' must have at least 1 dimension"),
         "inner_2d": ((f(3, 4), f(5, 2)), {}, r"inner dimensions do not match.*'a' has shape \[3, 4\].*'b' has shape \[5, 2\]"),
         "inner_1d": ((f(4), f(5)), {}, r"inner dimensions do not match"),
-        "batch": ((f(2, 3, 4), f(3, 4, 5)), {}, r"size of tensor a \(2\) must match the size of tensor b \(3\)"),
+        "batch": ((f(2, 3, 4), f(3, 4, 5)), {}, r"corrected_matmul: the batch dimensions of 'a' \[2\] and 'b' \[3\] do not broadcast"),
         "method": ((f(3, 4), f(4, 2)), {"method": "bf16"}, r"argument 'method' must be 'auto', 'fp16' or 'tf32'"),
         "method_case": ((f(3, 4), f(4, 2)), {"method": "TF32"}, r"argument 'method'"),
     }
@@ -681,6 +681,15 @@ def test_forward_mode_ad_is_refused(device, gen):
             corrected_matmul(a, fwAD.make_dual(b, torch.ones_like(b)))
     with pytest.raises(RuntimeError, match=r"forward-mode tangent"):
         torch.func.jvp(lambda x: corrected_matmul(x, b), (a,), (torch.ones_like(a),))
+
+
+def test_torch_func_gradients_are_refused(device, gen):
+    """The autograd kernel is a C++ torch::autograd::Function, which functorch's transforms refuse: with the op's
+    name in the message."""
+    a = random_tensor(gen, (4, 9), "normal", device)
+    b = random_tensor(gen, (9, 3), "normal", device)
+    with pytest.raises(RuntimeError, match=r"corrected_matmul: gradients inside torch.func transforms"):
+        torch.func.grad(lambda x: corrected_matmul(x, b).sum())(a)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -34,7 +34,11 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     float32 on the same device. The result is a contiguous float32 tensor.
 
     Each fp32 value is split into a high part and a residual that tensor cores multiply; three products per
-    k-step (the residual-times-residual term is dropped) recover fp32 accuracy.
+    k-step (the residual-times-residual term is dropped) recover fp32 accuracy: each product keeps 22 of its
+    operands' 24 bits, a few float32 roundings, which only short sums (K below about 32) show; over longer
+    sums the result is at least as accurate as a one-accumulator float32 GEMM (README, "methods and their
+    accuracy"). Differentiable in reverse mode (``backward``, ``torch.autograd.grad``; not forward mode or
+    ``torch.func`` transforms).
 
     Args:
         method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``
@@ -70,6 +74,13 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
         lambda: f"corrected_matmul: inner dimensions do not match: 'a' has shape {list(a.shape)} and 'b' has shape "
         f"{list(b.shape)} (a.size(-1) must equal b.size({b_k}))",
     )
+    a_batch = tuple(a.shape[:-2]) if a.dim() > 1 else ()
+    b_batch = tuple(b.shape[:-2]) if b.dim() > 2 else ()
+    torch._check(
+        all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a_batch), reversed(b_batch))),
+        lambda: f"corrected_matmul: the batch dimensions of 'a' {list(a_batch)} and 'b' {list(b_batch)} do not broadcast "
+        f"('a' has shape {list(a.shape)}, 'b' {list(b.shape)})",
+    )
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)
@@ -89,11 +100,12 @@ def batched_outer(
     Args:
         u, v: tensors of shape ``(..., n)`` with the same shape and dtype (float16, bfloat16 or float32);
             ``v`` defaults to ``u``.
-        alpha: added once to every diagonal element, as a float32 value.
+        alpha: a Python number, added once to every diagonal element as a float32 value.
         out_dtype: float32 (default), float16 or bfloat16.
 
-    Differentiable in ``u`` and ``v`` (reverse mode): ``grad_u = g v`` and ``grad_v = g^T u`` for an incoming
-    gradient ``g``, computed in float32 and returned in the inputs' dtype.
+    Differentiable in ``u`` and ``v`` (reverse mode; not forward mode or ``torch.func`` transforms):
+    ``grad_u = g v`` and ``grad_v = g^T u`` for an incoming gradient ``g``, computed in float32 and returned in
+    the inputs' dtype.
 
     Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs: each element is the exact
     ``u_i v_j`` (plus ``alpha`` on the diagonal) rounded once to float32, then to ``out_dtype`` if that is
@@ -101,6 +113,9 @@ def batched_outer(
     off: the tensor core rounds it itself); float32 inputs are accurate to a few float32 ulps.
     """
     _require_tensor("batched_outer", "u", u)
+    if isinstance(alpha, Tensor):  # (the schema takes a number: a tensor would pass as its value, without gradient)
+        raise TypeError("batched_outer: argument 'alpha' must be a Python number, got a Tensor (it would get no "
+                        "gradient, and torch.compile cannot trace it); pass alpha.item() to use its value")
     return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype)
 
 

@@ -3,7 +3,7 @@
 // computed in float32 (the inputs are at most float32) with differentiable ATen ops, so that double backward
 // works, and returned in the inputs' dtype. Products and sums rather than at::matmul: a float32 matmul may run
 // in TF32 (torch.backends.cuda.matmul.allow_tf32, set_float32_matmul_precision), about 10 bits. alpha and
-// out_dtype get no gradient. Forward mode is refused (forward_ad.hpp).
+// out_dtype get no gradient. Forward mode and torch.func transforms are refused (autograd_support.hpp).
 //
 // In C++ for the reasons given in corrected_matmul_autograd.cpp: a call that records no gradient only
 // redispatches, and LibTorch programs get the gradients too.
@@ -14,7 +14,7 @@
 
 #include <optional>
 
-#include "forward_ad.hpp"
+#include "autograd_support.hpp"
 
 namespace wmmae_ops {
 namespace {
@@ -72,6 +72,7 @@ at::Tensor batched_outer_autograd(const at::Tensor& u, const std::optional<at::T
   if (v.has_value()) refuse_tangent("batched_outer", "v", *v);
   const bool any_requires_grad = u.requires_grad() || (v.has_value() && v->requires_grad());
   if (!at::GradMode::is_enabled() || !any_requires_grad) return batched_outer_below_autograd(u, v, alpha, out_dtype);
+  refuse_functorch_transform("batched_outer");
   return BatchedOuterFunction::apply(u, v, alpha, out_dtype);
 }
 

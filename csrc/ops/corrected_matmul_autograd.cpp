@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "forward_ad.hpp"
+#include "autograd_support.hpp"
 
 namespace wmmae_ops {
 namespace {
@@ -72,6 +72,7 @@ at::Tensor corrected_matmul_autograd(const at::Tensor& a, const at::Tensor& b, c
   if (!at::GradMode::is_enabled() || !(a.requires_grad() || b.requires_grad())) {
     return corrected_matmul_below_autograd(a, b, method);
   }
+  refuse_functorch_transform("corrected_matmul");
   return CorrectedMatmulFunction::apply(a, b, method);
 }
 

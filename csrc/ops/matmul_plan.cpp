@@ -58,7 +58,16 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 
   const auto a_batch = a2.sizes().slice(0, a2.dim() - 2);
   const auto b_batch = b2.sizes().slice(0, b2.dim() - 2);
-  const std::vector<std::int64_t> batch_shape = at::infer_size(a_batch, b_batch);
+  // (at::infer_size's own message names neither the op nor its arguments)
+  const std::size_t batch_dims = std::max(a_batch.size(), b_batch.size());
+  std::vector<std::int64_t> batch_shape(batch_dims);
+  for (std::size_t i = 1; i <= batch_dims; ++i) {  // from the right, as broadcasting aligns them
+    const std::int64_t from_a = i <= a_batch.size() ? a_batch[a_batch.size() - i] : 1;
+    const std::int64_t from_b = i <= b_batch.size() ? b_batch[b_batch.size() - i] : 1;
+    TORCH_CHECK(from_a == from_b || from_a == 1 || from_b == 1, op_name, ": the batch dimensions of 'a' ", a_batch,
+                " and 'b' ", b_batch, " do not broadcast ('a' has shape ", a.sizes(), ", 'b' ", b.sizes(), ")");
+    batch_shape[batch_dims - i] = from_a == 1 ? from_b : from_a;
+  }
 
   std::vector<std::int64_t> a_shape(batch_shape), b_shape(batch_shape);
   a_shape.insert(a_shape.end(), {m, k});
