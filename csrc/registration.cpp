@@ -22,18 +22,18 @@ Method method_from_string(const std::string& name) {
 
 namespace {
 
-// Sparse tensors would otherwise meet the dispatcher's "Could not run ... with arguments from the 'SparseCPU'
-// backend", which names no argument. Registered for the sparse dispatch keys, these kernels run the ops'
-// own argument checks, whose layout check names the sparse argument.
-at::Tensor corrected_matmul_sparse(const at::Tensor& a, const at::Tensor& b, c10::string_view) {
+// Sparse, quantized, MKL-DNN and nested tensors would otherwise meet the dispatcher's "Could not run ... with
+// arguments from the 'SparseCPU' backend", which names no argument. Registered for those dispatch keys, these
+// kernels run the ops' own argument checks, whose dtype, layout or nested-tensor check names the argument.
+at::Tensor corrected_matmul_not_dense(const at::Tensor& a, const at::Tensor& b, c10::string_view) {
   plan_matmul(a, b, "corrected_matmul");
-  TORCH_CHECK(false, "corrected_matmul: sparse dispatch with dense arguments");
+  TORCH_CHECK(false, "corrected_matmul: arguments that passed its checks reached a kernel for other tensor kinds");
 }
 
-at::Tensor batched_outer_sparse(const at::Tensor& u, const std::optional<at::Tensor>& v, double,
-                                std::optional<at::ScalarType> out_dtype) {
+at::Tensor batched_outer_not_dense(const at::Tensor& u, const std::optional<at::Tensor>& v, double,
+                                   std::optional<at::ScalarType> out_dtype) {
   check_batched_outer(u, v, out_dtype);
-  TORCH_CHECK(false, "batched_outer: sparse dispatch with dense arguments");
+  TORCH_CHECK(false, "batched_outer: arguments that passed its checks reached a kernel for other tensor kinds");
 }
 
 }  // namespace
@@ -74,9 +74,11 @@ TORCH_LIBRARY(wmmae, m) {
          [](const at::Tensor&) { return std::vector<std::string>{}; });
 
   for (const auto key : {c10::DispatchKey::SparseCPU, c10::DispatchKey::SparseCUDA, c10::DispatchKey::SparseCsrCPU,
-                         c10::DispatchKey::SparseCsrCUDA}) {
-    m.impl("corrected_matmul", key, TORCH_FN(corrected_matmul_sparse));
-    m.impl("batched_outer", key, TORCH_FN(batched_outer_sparse));
+                         c10::DispatchKey::SparseCsrCUDA, c10::DispatchKey::QuantizedCPU, c10::DispatchKey::QuantizedCUDA,
+                         c10::DispatchKey::MkldnnCPU, c10::DispatchKey::NestedTensorCPU,
+                         c10::DispatchKey::NestedTensorCUDA}) {
+    m.impl("corrected_matmul", key, TORCH_FN(corrected_matmul_not_dense));
+    m.impl("batched_outer", key, TORCH_FN(batched_outer_not_dense));
   }
 }
 

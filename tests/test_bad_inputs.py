@@ -12,6 +12,7 @@ once the message is fixed, so that the mark is removed.
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -39,6 +40,13 @@ def _factory(device, gen):
         return x.to(dtype).to(device)
 
     return t
+
+
+def _nested(*tensors):
+    """A nested tensor (torch.strided layout, NestedTensor dispatch keys) of the given tensors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (the prototype-stage notice)
+        return torch.nested.nested_tensor(list(tensors))
 
 
 def _not_named(reason):
@@ -100,9 +108,14 @@ MATMUL_CASES = {
     "b_none": (lambda t: (t(3, 4), None), RuntimeError, r"argument 'b'"),
     # No tensor argument at all: the dispatcher rejects it before the op, with a message naming no argument.
     "both_none": (lambda t: (None, None), RuntimeError, r"argument 'a'"),
-    # Sparse layouts reach the op's kernels for the sparse dispatch keys (csrc/registration.cpp).
+    # Sparse, quantized, MKL-DNN and nested tensors reach the op's kernels for their dispatch keys
+    # (csrc/registration.cpp).
     "a_sparse": (lambda t: (t(3, 4).to_sparse(), t(4, 2)), RuntimeError, r"argument 'a'"),
     "b_sparse_csr": (lambda t: (t(3, 4), t(4, 2).to_sparse_csr()), RuntimeError, r"argument 'b'"),
+    "a_quantized": (lambda t: (torch.quantize_per_tensor(t(3, 4), 0.1, 0, torch.qint8), t(4, 2)), RuntimeError, A_DTYPE),
+    "b_mkldnn": (lambda t: (t(3, 4), t(4, 2).cpu().to_mkldnn()), RuntimeError, r"argument 'b' must be a dense \(strided\) tensor"),
+    "a_nested": (lambda t: (_nested(t(3, 4), t(2, 4)), t(4, 2)), RuntimeError,
+                 r"argument 'a' must be a dense \(strided\) tensor, got a nested tensor"),
 }
 # (The raw op only: the Python API checks its tensor arguments before the dispatcher.)
 MATMUL_RAW_XFAIL = {
@@ -178,9 +191,14 @@ OUTER_CASES = {
     "v_scalar": (lambda t: (t(2, dtype=F16), 2.0, 0.0, None), RuntimeError, r"argument 'v'"),
     # No tensor argument at all: the dispatcher rejects it before the op, with a message naming no argument.
     "u_none": (lambda t: (None, None, 0.0, None), RuntimeError, r"argument 'u'"),
-    # Sparse layouts reach the op's kernels for the sparse dispatch keys (csrc/registration.cpp).
+    # Sparse, quantized, MKL-DNN and nested tensors reach the op's kernels for their dispatch keys
+    # (csrc/registration.cpp).
     "u_sparse": (lambda t: (t(3, 4).to_sparse(), None, 0.0, None), RuntimeError, r"argument 'u'"),
     "v_sparse": (lambda t: (t(3, 4), t(3, 4).to_sparse(), 0.0, None), RuntimeError, r"argument 'v'"),
+    "u_quantized": (lambda t: (torch.quantize_per_tensor(t(3, 4), 0.1, 0, torch.quint8), None, 0.0, None), RuntimeError, U_DTYPE),
+    "v_mkldnn": (lambda t: (t(3, 4), t(3, 4).cpu().to_mkldnn(), 0.0, None), RuntimeError, r"argument 'v'"),
+    "u_nested": (lambda t: (_nested(t(3, 4, dtype=F16), t(2, 4, dtype=F16)), None, 0.0, None), RuntimeError,
+                 r"argument 'u' must be a dense \(strided\) tensor, got a nested tensor"),
 }
 OUTER_RAW_XFAIL = {
     "u_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",

@@ -46,6 +46,8 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
               a.layout());
   TORCH_CHECK(b.layout() == at::kStrided, op_name, ": argument 'b' must be a dense (strided) tensor, got layout ",
               b.layout());
+  TORCH_CHECK(!a.is_nested(), op_name, ": argument 'a' must be a dense (strided) tensor, got a nested tensor");
+  TORCH_CHECK(!b.is_nested(), op_name, ": argument 'b' must be a dense (strided) tensor, got a nested tensor");
   TORCH_CHECK(a.device() == b.device(), op_name, ": arguments 'a' and 'b' must be on the same device, got a on ",
               a.device(), " and b on ", b.device());
 
