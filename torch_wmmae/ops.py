@@ -170,6 +170,12 @@ def fragment_map(
     """
     if (arch is None) == (device is None):
         raise ValueError("fragment_map: pass exactly one of arch= (analytic table) and device= (measure the GPU)")
+    for name, value in (("m", m), ("n", n), ("k", k), ("arch", arch)):
+        # (the dispatcher takes a bool for an int, and says "expected int, found int" for one beyond int64)
+        if isinstance(value, bool):
+            raise RuntimeError(f"fragment_map: argument '{name}' must be an int, got a bool ({value})")
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise RuntimeError(f"fragment_map: argument '{name}' must be a WMMA tile size or arch, got {value}")
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and dev.index is None:
         if torch.cuda.device_count() == 0:  # (current_device() would fail with a message naming no argument)
