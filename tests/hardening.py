@@ -12,7 +12,9 @@ import os
 import torch
 
 import torch_wmmae
-from conftest import U32, random_tensor
+import contextlib
+
+from conftest import U32, random_tensor, rel_err
 
 # float32's smallest normal number: where its subnormal range begins.
 FP32_TINY = 2.0**-126
@@ -142,10 +144,32 @@ def assert_outer_correct(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor | N
 # --------------------------------------------------------------------------------------------------------
 # corrected_matmul
 # --------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _true_float32_matmul():
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
+# Normwise error of corrected_matmul against torch.matmul's float32 (TF32 off) on the same device, or against
+# u || |a| |b| || / || a b || where that is larger: measured at most about 4 (test_corrected_matmul's slack).
+# A product without the correction terms is thousands of times off (fp16 alone keeps 11 bits).
+NORMWISE_SLACK = 8.0
+
+
 def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
-    """torch.matmul's shape, float32, contiguous, and the classical float32 dot-product bound elementwise:
-    |out - ref| <= (K + 16) u (|a| |b|), K sequential roundings plus the split's error per product (as in the
-    property test of test_corrected_matmul). References in float64 on a's device."""
+    """torch.matmul's shape, float32, contiguous, and float32 accuracy two ways:
+    - elementwise, the classical float32 dot-product bound |out - ref| <= (K + 16) u (|a| |b|): K sequential
+      roundings plus the split's error per product (as in the property test of test_corrected_matmul);
+    - normwise, within NORMWISE_SLACK of a float32 GEMM of the same operands: the elementwise bound grows like
+      K while rounding errors grow like sqrt(K), so from K of about 1000 on it alone would pass a product
+      without the correction terms.
+    References in float64 on a's device."""
     a64, b64 = a.detach().double(), b.detach().double()
     ref = torch.matmul(a64, b64)
     assert out.shape == ref.shape, f"{what}shape {tuple(out.shape)}, torch.matmul gives {tuple(ref.shape)}"
@@ -163,6 +187,17 @@ def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b
             f"{tuple(b.shape)}; first at {idx}: got {out[idx].item()!r}, float64 {ref[idx].item()!r}, "
             f"bound {bound[idx].item():.3e}"
         )
+    den = torch.linalg.vector_norm(ref).item()
+    if den == 0:
+        return
+    with _true_float32_matmul():
+        err32 = rel_err(torch.matmul(a.detach(), b.detach()), ref)
+    floor = U32 * torch.linalg.vector_norm(torch.matmul(a64.abs(), b64.abs())).item() / den
+    err = rel_err(out, ref)
+    assert err <= NORMWISE_SLACK * max(err32, floor), (
+        f"{what}normwise error {err:.3e} against float32's {err32:.3e} (floor {floor:.3e}) for {tuple(a.shape)} @ "
+        f"{tuple(b.shape)}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -287,8 +287,8 @@ WHERE_CASES = {
     "neither": ({}, ValueError, r"exactly one of arch= .* and device="),
     "device_cpu_without_arch": ({"device": "cpu"}, RuntimeError, r"on the CPU pass arch="),
     "device_meta": ({"device": "meta"}, RuntimeError, r"argument 'device' must be a CPU or CUDA device, got meta"),
-    "device_unknown_type": ({"device": "bogus"}, RuntimeError, r"device"),
-    "device_int": ({"device": 3.5}, (RuntimeError, TypeError), r"device"),
+    "device_unknown_type": ({"device": "bogus"}, RuntimeError, r"argument 'device' must be a torch.device or a device string, got 'bogus'"),
+    "device_float": ({"device": 3.5}, (RuntimeError, TypeError), r"argument 'device' must be a torch.device or a device string, got 3.5"),
 }
 
 
@@ -392,7 +392,7 @@ FAKE_CASES = {
     "matmul_b_float16": (lambda t: corrected_matmul(t(3, 4), t(4, 2, dtype=F16)), r"argument 'b' must be float32"),
     "matmul_method": (lambda t: corrected_matmul(t(3, 4), t(4, 2), method="bf16"), r"argument 'method'"),
     "matmul_a_0d": (lambda t: corrected_matmul(t(), t(4)), r"argument 'a'"),
-    "matmul_inner": (lambda t: corrected_matmul(t(3, 4), t(5, 2)), r"\ba\b.*\bb\b"),
+    "matmul_inner": (lambda t: corrected_matmul(t(3, 4), t(5, 2)), r"inner dimensions do not match: 'a' has shape \[3, 4\] and 'b' has shape \[5, 2\]"),
     "matmul_batch": (lambda t: corrected_matmul(t(2, 3, 4), t(3, 4, 5)), r"batch dimensions of 'a' \[2\] and 'b' \[3\] do not broadcast"),
     "matmul_batch_2": (lambda t: corrected_matmul(t(5, 1, 3, 4), t(2, 4, 4, 2)), r"batch dimensions of 'a' \[5, 1\] and 'b' \[2, 4\]"),
     "outer_u_0d": (lambda t: batched_outer(t(dtype=F16)), r"argument 'u'"),

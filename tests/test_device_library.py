@@ -8,7 +8,6 @@
   map measured with load_matrix_sync.
 """
 import os
-import random
 import shutil
 import subprocess
 
@@ -81,11 +80,11 @@ def device_tests():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("use,m,n,k,dtype,layout", SM80_FRAGMENTS)
-def test_primitives_match_plain_wmma(device_tests, use, m, n, k, dtype, layout):
-    errors, device_map = device_tests(use, m, n, k, dtype, layout, random.randrange(1 << 30))
+def test_primitives_match_plain_wmma(device_tests, seed, use, m, n, k, dtype, layout):
+    errors, device_map = device_tests(use, m, n, k, dtype, layout, seed % (1 << 30))
     assert errors.numel() == len(CHECKS)
     failed = {name: int(e) for name, e in zip(CHECKS, errors.tolist()) if e}
-    assert not failed, f"{use} m{m}n{n}k{k} {dtype} {layout}: mismatches {failed}"
+    assert not failed, f"{use} m{m}n{n}k{k} {dtype} {layout}, seed {seed % (1 << 30)}: mismatches {failed}"
     # The compile-time map the device code uses == the map measured with load_matrix_sync. (The table itself is
     # checked against independent references in test_fragment_map.py.)
     measured = torch_wmmae.fragment_map(use, m, n, k, dtype, layout, device="cuda")

@@ -176,7 +176,10 @@ def fragment_map(
             raise RuntimeError(f"fragment_map: argument '{name}' must be an int, got a bool ({value})")
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise RuntimeError(f"fragment_map: argument '{name}' must be a WMMA tile size or arch, got {value}")
-    dev = torch.device(device) if device is not None else None
+    try:
+        dev = torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError) as e:
+        raise type(e)(f"fragment_map: argument 'device' must be a torch.device or a device string, got {device!r}: {e}") from e
     if dev is not None and dev.type == "cuda" and dev.index is None:
         if torch.cuda.device_count() == 0:  # (current_device() would fail with a message naming no argument)
             raise RuntimeError("fragment_map: argument 'device' is cuda, but this machine has 0 CUDA device(s)")
