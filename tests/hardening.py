@@ -7,13 +7,13 @@ torch.matmul in float64 for corrected_matmul.
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 
 import torch
 
 import torch_wmmae
-import contextlib
-
 from conftest import U32, random_tensor, rel_err
 
 # float32's smallest normal number: where its subnormal range begins.
@@ -157,9 +157,10 @@ def _true_float32_matmul():
 
 
 # Normwise error of corrected_matmul against torch.matmul's float32 (TF32 off) on the same device, or against
-# u || |a| |b| || / || a b || where that is larger: measured at most about 4 (test_corrected_matmul's slack).
-# A product without the correction terms is thousands of times off (fp16 alone keeps 11 bits).
-NORMWISE_SLACK = 8.0
+# u || |a| |b| || / || a b || where that is larger: at most about 4 for matrices (test_corrected_matmul's slack),
+# up to 8.7 for one output of K = 1 or 2 (the split's own error, over millions of samples). A product without
+# the correction terms is 20 to thousands of times further off (fp16 alone keeps 11 bits).
+NORMWISE_SLACK = 12.0
 
 
 def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
@@ -192,6 +193,8 @@ def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b
         return
     with _true_float32_matmul():
         err32 = rel_err(torch.matmul(a.detach(), b.detach()), ref)
+    if not math.isfinite(err32):  # (float32 overflowed where the float64 reference did not: the floor decides)
+        err32 = 0.0
     floor = U32 * torch.linalg.vector_norm(torch.matmul(a64.abs(), b64.abs())).item() / den
     err = rel_err(out, ref)
     assert err <= NORMWISE_SLACK * max(err32, floor), (
