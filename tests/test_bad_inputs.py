@@ -42,11 +42,12 @@ def _factory(device, gen):
     return t
 
 
-def _nested(*tensors):
-    """A nested tensor (torch.strided layout, NestedTensor dispatch keys) of the given tensors."""
+def _nested(*tensors, layout=torch.strided):
+    """A nested tensor of the given tensors: torch.strided (the NestedTensor dispatch keys) or torch.jagged (a
+    Python tensor subclass)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # (the prototype-stage notice)
-        return torch.nested.nested_tensor(list(tensors))
+        return torch.nested.nested_tensor(list(tensors), layout=layout)
 
 
 def _not_named(reason):
@@ -116,10 +117,13 @@ MATMUL_CASES = {
     "b_mkldnn": (lambda t: (t(3, 4), t(4, 2).cpu().to_mkldnn()), RuntimeError, r"argument 'b' must be a dense \(strided\) tensor"),
     "a_nested": (lambda t: (_nested(t(3, 4), t(2, 4)), t(4, 2)), RuntimeError,
                  r"argument 'a' must be a dense \(strided\) tensor, got a nested tensor"),
+    "b_nested_jagged": (lambda t: (t(3, 4), _nested(t(4, 2), t(4, 2), layout=torch.jagged)), RuntimeError,
+                        r"argument 'b' must be a dense \(strided\) tensor, got a nested tensor"),
 }
 # (The raw op only: the Python API checks its tensor arguments before the dispatcher.)
 MATMUL_RAW_XFAIL = {
     "both_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",
+    "b_nested_jagged": "NotImplementedError 'wmmae.corrected_matmul.default' from the jagged tensor's own dispatch",
 }
 
 
@@ -199,9 +203,12 @@ OUTER_CASES = {
     "v_mkldnn": (lambda t: (t(3, 4), t(3, 4).cpu().to_mkldnn(), 0.0, None), RuntimeError, r"argument 'v'"),
     "u_nested": (lambda t: (_nested(t(3, 4, dtype=F16), t(2, 4, dtype=F16)), None, 0.0, None), RuntimeError,
                  r"argument 'u' must be a dense \(strided\) tensor, got a nested tensor"),
+    "v_nested_jagged": (lambda t: (t(2, 4, dtype=F16), _nested(t(2, 4, dtype=F16), t(2, 4, dtype=F16), layout=torch.jagged),
+                                   0.0, None), RuntimeError, r"argument 'v' must be a dense \(strided\) tensor, got a nested tensor"),
 }
 OUTER_RAW_XFAIL = {
     "u_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",
+    "v_nested_jagged": "NotImplementedError 'wmmae.batched_outer.default' from the jagged tensor's own dispatch",
 }
 
 

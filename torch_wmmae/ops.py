@@ -22,6 +22,8 @@ def _require_tensor(op: str, name: str, value) -> None:
             f"wmmae::{op}() Expected a value of type 'Tensor' for argument '{name}' but instead found type "
             f"'{type(value).__name__}'."
         )
+    if value.is_nested:  # (jagged nested tensors, a Python subclass, would fail in their own dispatch, naming nothing)
+        raise RuntimeError(f"{op}: argument '{name}' must be a dense (strided) tensor, got a nested tensor")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -113,6 +115,8 @@ def batched_outer(
     off: the tensor core rounds it itself); float32 inputs are accurate to a few float32 ulps.
     """
     _require_tensor("batched_outer", "u", u)
+    if isinstance(v, Tensor):
+        _require_tensor("batched_outer", "v", v)
     if isinstance(alpha, Tensor):  # (the schema takes a number: a tensor would pass as its value, without gradient)
         raise TypeError("batched_outer: argument 'alpha' must be a Python number, got a Tensor (it would get no "
                         "gradient, and torch.compile cannot trace it); pass alpha.item() to use its value")
