@@ -62,6 +62,21 @@ WMMAE_HD constexpr RowCol CoreLayout::at(int lane, int x) const {
   return core_position(origin(x), run, transposed, lane, x);
 }
 
+// The descriptor of a fragment type without a known layout (num_elements == 0).
+WMMAE_HD constexpr CoreLayout no_layout() { return CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}}; }
+
+// Whether two descriptors place every element alike (the offsets of cores past num_cores do not count).
+WMMAE_HD constexpr bool equal_layouts(const CoreLayout& a, const CoreLayout& b) {
+  if (a.rows != b.rows || a.cols != b.cols || a.num_elements != b.num_elements || a.run != b.run ||
+      a.transposed != b.transposed || a.num_cores != b.num_cores) {
+    return false;
+  }
+  for (int c = 0; c < a.num_cores; ++c) {
+    if (a.offset[c].row != b.offset[c].row || a.offset[c].col != b.offset[c].col) return false;
+  }
+  return true;
+}
+
 // The tile's diagonal, solved from core_position: element x of `lane` sits at (i, i) exactly when
 // diagonal_key(run, lane) == diagonal_offset(L, x). The key depends on the lane only and the offset on x only,
 // so device code computes the key once and tests each element against a compile-time constant; an element
@@ -163,7 +178,7 @@ WMMAE_HD constexpr CoreLayout sm80_layout(Use use, int m, int n, int k, Elem ele
     return CoreLayout{tile_rows(Use::U, M, K), tile_cols(Use::U, N, K), NUM, RUN, T, NC, __VA_ARGS__};
   WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_LAYOUT_CASE)
 #undef WMMAE_LAYOUT_CASE
-  return CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+  return no_layout();
 }
 
 // The fragments that the sm_70 and sm_75 tables cover: m16n16k16 half operands with float or half
@@ -174,8 +189,7 @@ WMMAE_HD constexpr bool sm7x_has_table(Use use, int m, int n, int k, Elem elem) 
 
 // sm_75 shares sm_80's m16n16k16 half layouts; its other shapes have not been measured.
 WMMAE_HD constexpr CoreLayout sm75_layout(Use use, int m, int n, int k, Elem elem) {
-  return sm7x_has_table(use, m, n, k, elem) ? sm80_layout(use, m, n, k, elem)
-                                            : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+  return sm7x_has_table(use, m, n, k, elem) ? sm80_layout(use, m, n, k, elem) : no_layout();
 }
 
 // The descriptor that device code compiled for `cuda_arch` (__CUDA_ARCH__: 750, 800, 900, ...) uses. Empty
@@ -184,7 +198,7 @@ WMMAE_HD constexpr CoreLayout sm75_layout(Use use, int m, int n, int k, Elem ele
 WMMAE_HD constexpr CoreLayout device_layout(int cuda_arch, Use use, int m, int n, int k, Elem elem) {
   return cuda_arch >= 800 ? sm80_layout(use, m, n, k, elem)
          : cuda_arch >= 750 ? sm75_layout(use, m, n, k, elem)
-                            : CoreLayout{0, 0, 0, 1, false, 1, {{0, 0}}};
+                            : no_layout();
 }
 
 // The diagonal rule (diagonal_key / diagonal_offset) against CoreLayout::at, for every lane and element.

@@ -246,13 +246,6 @@ __device__ __forceinline__ void store_vector(T* ptr, const Frag& frag, int count
 
 namespace detail {
 
-WMMAE_HD constexpr bool same_offsets(const CoreLayout& a, const CoreLayout& b) {
-  for (int c = 0; c < a.num_cores && c < b.num_cores; ++c) {
-    if (a.offset[c].row != b.offset[c].row || a.offset[c].col != b.offset[c].col) return false;
-  }
-  return true;
-}
-
 template <class Frag, class... Frags>
 struct same_layout {
   static constexpr CoreLayout a = fragment_traits<Frag>::layout;
@@ -261,10 +254,7 @@ struct same_layout {
 template <class Frag, class Next, class... Rest>
 struct same_layout<Frag, Next, Rest...> {
   static constexpr CoreLayout a = fragment_traits<Frag>::layout, b = fragment_traits<Next>::layout;
-  static constexpr bool value = a.rows == b.rows && a.cols == b.cols && a.run == b.run &&
-                                a.transposed == b.transposed && a.num_cores == b.num_cores &&
-                                a.num_elements == b.num_elements && same_offsets(a, b) &&
-                                same_layout<Next, Rest...>::value;
+  static constexpr bool value = equal_layouts(a, b) && same_layout<Next, Rest...>::value;
 };
 
 template <class Frag, class T, class Op, class... Frags>

@@ -83,5 +83,5 @@ static_assert(wmmae::device_layout(900, Use::matrix_a, 32, 8, 16, Elem::half).nu
 // Layouts that differ only in where their cores sit are different layouts.
 constexpr CoreLayout kDown{16, 16, 8, 4, false, 2, {{0, 0}, {8, 0}}};
 constexpr CoreLayout kAcross{16, 16, 8, 4, false, 2, {{0, 0}, {0, 8}}};
-static_assert(wmmae::detail::same_offsets(kDown, kDown) && !wmmae::detail::same_offsets(kDown, kAcross), "offsets");
+static_assert(wmmae::equal_layouts(kDown, kDown) && !wmmae::equal_layouts(kDown, kAcross), "offsets");
 }  // namespace
