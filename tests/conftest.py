@@ -55,15 +55,24 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@contextlib.contextmanager
+def float32_matmuls(allow_tf32: bool):
+    """float32 matmuls in true float32 (allow_tf32=False) or allowed to run in TF32, for the block."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
 @pytest.fixture
 def ieee_fp32():
     """torch.matmul in true float32 on the GPU (no TF32): the accuracy baseline of corrected_matmul."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved[0]
-    torch.set_float32_matmul_precision(saved[1])
+    with float32_matmuls(allow_tf32=False):
+        yield
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

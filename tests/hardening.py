@@ -7,14 +7,13 @@ torch.matmul in float64 for corrected_matmul.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
 import torch
 
 import torch_wmmae
-from conftest import U32, random_tensor, rel_err
+from conftest import U32, float32_matmuls, random_tensor, rel_err
 
 # float32's smallest normal number: where its subnormal range begins.
 FP32_TINY = 2.0**-126
@@ -144,16 +143,11 @@ def assert_outer_correct(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor | N
 # --------------------------------------------------------------------------------------------------------
 # corrected_matmul
 # --------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _true_float32_matmul():
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved[0]
-        torch.set_float32_matmul_precision(saved[1])
+def fp32_floor(absprod: torch.Tensor, ref: torch.Tensor) -> float:
+    """u * || |a| |b| ||_F / ||a b||_F (absprod = |a| |b|, ref = a b): the error of rounding every product once,
+    relative to the result. Guards a comparison against a float32 result that is (nearly) exact by luck."""
+    den = torch.linalg.vector_norm(ref).item()
+    return U32 * torch.linalg.vector_norm(absprod).item() / den if den > 0 else U32
 
 
 # Normwise error of corrected_matmul against torch.matmul's float32 (TF32 off) on the same device, or against
@@ -178,7 +172,8 @@ def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b
     if out.numel() == 0:
         return
     k = a.shape[-1]
-    bound = (k + 16) * U32 * torch.matmul(a64.abs(), b64.abs())
+    absprod = torch.matmul(a64.abs(), b64.abs())
+    bound = (k + 16) * U32 * absprod
     err = (out.double() - ref).abs()
     bad = ~(err <= bound)
     if bad.any().item():
@@ -188,14 +183,13 @@ def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b
             f"{tuple(b.shape)}; first at {idx}: got {out[idx].item()!r}, float64 {ref[idx].item()!r}, "
             f"bound {bound[idx].item():.3e}"
         )
-    den = torch.linalg.vector_norm(ref).item()
-    if den == 0:
+    if torch.linalg.vector_norm(ref).item() == 0:
         return
-    with _true_float32_matmul():
+    with float32_matmuls(allow_tf32=False):
         err32 = rel_err(torch.matmul(a.detach(), b.detach()), ref)
     if not math.isfinite(err32):  # (float32 overflowed where the float64 reference did not: the floor decides)
         err32 = 0.0
-    floor = U32 * torch.linalg.vector_norm(torch.matmul(a64.abs(), b64.abs())).item() / den
+    floor = fp32_floor(absprod, ref)
     err = rel_err(out, ref)
     assert err <= NORMWISE_SLACK * max(err32, floor), (
         f"{what}normwise error {err:.3e} against float32's {err32:.3e} (floor {floor:.3e}) for {tuple(a.shape)} @ "

@@ -10,7 +10,7 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import U32, random_tensor, requires_cuda
+from conftest import U32, float32_matmuls, random_tensor, requires_cuda
 from hardening import assert_outer_correct, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
@@ -338,12 +338,8 @@ def test_double_backward_matches_float64(device, gen, with_v):
 @pytest.fixture
 def tf32_matmuls():
     """float32 matmuls allowed to run in TF32 for the test, as a training script may set them."""
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.set_float32_matmul_precision("high")
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous[0]
-    torch.set_float32_matmul_precision(previous[1])
+    with float32_matmuls(allow_tf32=True):
+        yield
 
 
 @pytest.mark.usefixtures("tf32_matmuls")

@@ -15,7 +15,7 @@ import torch_wmmae
 from torch_wmmae import corrected_matmul
 
 from conftest import DEVICES, U32, deterministic, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
-from hardening import assert_matmul_within_dot_product_bound
+from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
 
@@ -56,14 +56,6 @@ def parity_slack(device: str, k: int) -> float:
 SPLIT_SLACK = 4.0
 
 
-def fp32_floor(a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> float:
-    """u * || |a| |b| ||_F / ||a b||_F: the error of rounding every product once, relative to the result.
-    Guards the comparison against a float32 result that is (nearly) exact by luck."""
-    absprod = torch.matmul(a.double().abs(), b.double().abs())
-    den = torch.linalg.vector_norm(ref).item()
-    return U32 * torch.linalg.vector_norm(absprod).item() / den if den > 0 else U32
-
-
 def componentwise_err(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
     """max_ij |out - ref|_ij / (|a| |b|)_ij: scale-invariant per element (the classical dot-product bound)."""
     a64, b64 = a.double(), b.double()
@@ -83,7 +75,7 @@ def check_against_fp32(a: torch.Tensor, b: torch.Tensor, method: str, slack: flo
     ref = torch.matmul(a.double(), b.double())
     err = rel_err(out, ref)
     err32 = rel_err(torch.matmul(a, b), ref)
-    floor = fp32_floor(a, b, ref)
+    floor = fp32_floor(torch.matmul(a.double().abs(), b.double().abs()), ref)
     k = a.shape[-1]
     slack = parity_slack(a.device.type, k) if slack is None else slack
     assert math.isfinite(err)

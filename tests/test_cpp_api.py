@@ -99,14 +99,18 @@ def test_same_bits_as_python(cpp_build, tmp_path, device):
     assert ((from_cpp.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
-def test_example_builds_against_the_installed_package(cpp_build, tmp_path):
-    example_build = tmp_path / "example"
-    prefix_path = f"{torch.utils.cmake_prefix_path};{PREFIX}"
-    args = [f"-DCMAKE_PREFIX_PATH={prefix_path}"]
+def _build_against_installed_package(source: pathlib.Path, build: pathlib.Path, *cmake_args: str) -> None:
+    """Configures and builds the CMake project `source` with find_package(torch_wmmae) from the installed package."""
+    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path};{PREFIX}", *cmake_args]
     if cpp_extension.CUDA_HOME:
         args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}"]
-    _run(["cmake", "-S", ROOT / "examples" / "cpp", "-B", example_build, *args])
-    _run(["cmake", "--build", example_build, "-j", str(os.cpu_count() or 2)])
+    _run(["cmake", "-S", source, "-B", build, *args])
+    _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
+
+
+def test_example_builds_against_the_installed_package(cpp_build, tmp_path):
+    example_build = tmp_path / "example"
+    _build_against_installed_package(ROOT / "examples" / "cpp", example_build)
     out = _run([example_build / "matmul_example"])
     ours = float(out.split("corrected_matmul relative error vs float64:")[1].split()[0])
     fp32 = float(out.split("torch::matmul fp32 relative error vs float64:")[1].split()[0])
@@ -118,11 +122,7 @@ def test_program_using_only_the_dispatcher_keeps_the_library(cpp_build, tmp_path
     with --as-needed (the default of several distributions), the package's target must still keep the library,
     or the operators would not exist at run time."""
     build = tmp_path / "dispatcher_only"
-    prefix_path = f"{torch.utils.cmake_prefix_path};{PREFIX}"
-    args = [f"-DCMAKE_PREFIX_PATH={prefix_path}", "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed"]
-    if cpp_extension.CUDA_HOME:
-        args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}"]
-    _run(["cmake", "-S", ROOT / "tests" / "cpp" / "dispatcher_only", "-B", build, *args])
-    _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
+    _build_against_installed_package(ROOT / "tests" / "cpp" / "dispatcher_only", build,
+                                     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed")
     out = _run([build / "dispatcher_only"])
     assert "corrected_matmul through the dispatcher: relative error" in out, out
