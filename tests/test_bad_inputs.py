@@ -123,7 +123,6 @@ MATMUL_CASES = {
 # (The raw op only: the Python API checks its tensor arguments before the dispatcher.)
 MATMUL_RAW_XFAIL = {
     "both_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",
-    "b_nested_jagged": "NotImplementedError 'wmmae.corrected_matmul.default' from the jagged tensor's own dispatch",
 }
 
 
@@ -208,7 +207,6 @@ OUTER_CASES = {
 }
 OUTER_RAW_XFAIL = {
     "u_none": "NotImplementedError 'There were no tensor arguments to this function' from the dispatcher",
-    "v_nested_jagged": "NotImplementedError 'wmmae.batched_outer.default' from the jagged tensor's own dispatch",
 }
 
 

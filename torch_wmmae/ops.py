@@ -22,8 +22,30 @@ def _require_tensor(op: str, name: str, value) -> None:
             f"wmmae::{op}() Expected a value of type 'Tensor' for argument '{name}' but instead found type "
             f"'{type(value).__name__}'."
         )
-    if value.is_nested:  # (jagged nested tensors, a Python subclass, would fail in their own dispatch, naming nothing)
+    if value.is_nested:  # (strided ones reach the C++ checks; jagged ones, a Python subclass, reach _refuse_jagged)
         raise RuntimeError(f"{op}: argument '{name}' must be a dense (strided) tensor, got a nested tensor")
+
+
+def _refuse_jagged(cls, func, types, args, kwargs):
+    """A raw op (``torch.ops.wmmae.*``) called with a jagged nested tensor: the Python API's message, where the
+    subclass's own dispatch would raise a NotImplementedError that names no argument."""
+    op = func._schema.name.split("::")[-1]
+    for arg, value in zip(func._schema.arguments, args):
+        if isinstance(value, Tensor):
+            _require_tensor(op, arg.name, value)
+    for name, value in kwargs.items():
+        if isinstance(value, Tensor):
+            _require_tensor(op, name, value)
+    raise NotImplementedError(f"{op}: jagged nested tensors are not supported")
+
+
+try:  # (a private module: without it the raw ops keep the subclass's NotImplementedError)
+    from torch.nested._internal.nested_tensor import NestedTensor as _JaggedNestedTensor
+except ImportError:
+    _JaggedNestedTensor = None
+if _JaggedNestedTensor is not None:
+    for _op in ("wmmae::corrected_matmul", "wmmae::batched_outer"):
+        torch.library.register_torch_dispatch(_op, _JaggedNestedTensor, _refuse_jagged)
 
 
 # --------------------------------------------------------------------------------------------------------
