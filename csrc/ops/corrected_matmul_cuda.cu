@@ -1403,43 +1403,41 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.stream_k_gap = grid.stream_k_gap;
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
-  at::Tensor ranges;
   bool prepass_launched = false;
   sm90::TmaMaps resident_maps{};  // see launch_resident_prepass
   const sm90::TmaMaps* gemm_maps = nullptr;
-  {  // every method scales its lines (line_shift)
+  // Every method scales its lines (line_shift), so every call runs a pre-pass over them.
 #ifdef WMMAE_HAS_SM90A
-    const bool resident = resident_prepass_applies(args, kernels);
+  const bool resident = resident_prepass_applies(args, kernels);
 #else
-    const bool resident = false;
+  const bool resident = false;
 #endif
-    // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
-    // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending; then
-    // the resident pre-pass's counts per batch entry, its next item and its SM claims (ResidentPrepassArgs).
-    const std::int64_t per = plan.batch * (plan.m + plan.n);
-    const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
-    // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
-    // host 1.4-12 us more per call: H200, two same-build pairs of runs).
-    ranges = at::empty({3 * per + 1 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
-    int* base = ranges.data_ptr<int>();
-    launch_zero_workspace(base, ranges.numel(), sm_count, kernels.overlap_launches, stream);
-    args.tf32_tiles_pending = base + 3 * per;
-    const std::int64_t a_block = plan.batch * plan.m;
-    args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
-    args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
-    const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
-    const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
+  // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
+  // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending; then
+  // the resident pre-pass's counts per batch entry, its next item and its SM claims (ResidentPrepassArgs).
+  const std::int64_t per = plan.batch * (plan.m + plan.n);
+  const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
+  // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
+  // host 1.4-12 us more per call: H200, two same-build pairs of runs).
+  const at::Tensor ranges = at::empty({3 * per + 1 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
+  int* base = ranges.data_ptr<int>();
+  launch_zero_workspace(base, ranges.numel(), sm_count, kernels.overlap_launches, stream);
+  args.tf32_tiles_pending = base + 3 * per;
+  const std::int64_t a_block = plan.batch * plan.m;
+  args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
+  args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
+  const LinesArgs a_lines{args.a, plan.m, plan.k, args.a_rs, args.a_ks, args.batch, false, args.a_ranges, plan.batch};
+  const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
 #ifdef WMMAE_HAS_SM90A
-    if (resident) {
-      prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 1, sm_count,
-                                                 stream, resident_maps);
-      if (prepass_launched) gemm_maps = &resident_maps;
-    }
+  if (resident) {
+    prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 1, sm_count,
+                                               stream, resident_maps);
+    if (prepass_launched) gemm_maps = &resident_maps;
+  }
 #endif
-    if (!prepass_launched) {
-      prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
-                                        kernels.overlap_launches, stream);
-    }
+  if (!prepass_launched) {
+    prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
+                                      kernels.overlap_launches, stream);
   }
   if (method != Method::tf32) {
     launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps);
