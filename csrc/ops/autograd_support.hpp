@@ -4,10 +4,23 @@
 // - no forward-mode derivative: an input with a tangent (torch.autograd.forward_ad, torch.func.jvp) would give
 //   an output without one, which reads as a zero derivative;
 // - no place in functorch's transforms (torch.func.grad, vjp, jacrev), which refuse them.
+// It is also where both include torch's Function header.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/FuncTorchTLS.h>
+
+// gcc 13 warns -Warray-bounds in std::vector<bool> as inlined into torch's Function::apply: a false positive in
+// torch's header, reached from both autograd kernels. Off for that header only (gcc applies a pragma to the
+// inlined call sites within it).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#endif
+#include <torch/csrc/autograd/custom_function.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 namespace wmmae_ops {
 

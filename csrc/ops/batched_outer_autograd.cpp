@@ -9,7 +9,6 @@
 // redispatches, and LibTorch programs get the gradients too.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <optional>
