@@ -10,12 +10,13 @@
 #include <ATen/ATen.h>
 #include <ATen/FuncTorchTLS.h>
 
-// gcc 13 warns -Warray-bounds in std::vector<bool> as inlined into torch's Function::apply: a false positive in
-// torch's header, reached from both autograd kernels. Off for that header only (gcc applies a pragma to the
-// inlined call sites within it).
+// gcc 13 warns -Warray-bounds and -Wstringop-overflow in std::vector<bool> as inlined into torch's
+// Function::apply: false positives in torch's header, reached from both autograd kernels. Off for that header
+// only (gcc applies a pragma to the inlined call sites within it).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
 #endif
 #include <torch/csrc/autograd/custom_function.h>
 #if defined(__GNUC__) && !defined(__clang__)
