@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch._dynamo.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -734,6 +735,33 @@ def test_compile_backward_matches_eager(device, gen):
     ea, eb = torch.autograd.grad(loss(a, b), (a, b))
     torch.testing.assert_close(ga, ea, rtol=1e-6, atol=0)
     torch.testing.assert_close(gb, eb, rtol=1e-6, atol=0)
+
+
+def test_compile_backward_keeps_shapes_dynamic(device, gen):
+    """A compiled training step over changing batch sizes: the backward must not make a's or b's shape a
+    constant of the graph (it once summed the gradients to a.sizes(), so every batch size compiled a graph of
+    its own and fullgraph=True failed at the recompile limit), and mark_dynamic must hold."""
+    torch._dynamo.reset()
+    w1 = random_tensor(gen, (16, 24), "normal", device).requires_grad_()
+    w2 = random_tensor(gen, (24, 4), "normal", device).requires_grad_()
+
+    def loss(x):  # the second product's a is an intermediate that needs a gradient
+        return corrected_matmul(corrected_matmul(x, w1).tanh(), w2).square().mean()
+
+    graphs = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")  # (AOTAutograd traces the backward)
+    compiled = torch.compile(loss, backend=graphs, fullgraph=True)
+    for batch in range(2, 14):
+        x = random_tensor(gen, (batch, 16), "normal", device).requires_grad_()
+        got = torch.autograd.grad(compiled(x), (x, w1, w2))
+        want = torch.autograd.grad(loss(x), (x, w1, w2))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=0)
+    assert graphs.frame_count <= 2, f"{graphs.frame_count} graphs for 12 batch sizes"
+
+    torch._dynamo.reset()
+    x = random_tensor(gen, (5, 16), "normal", device).requires_grad_()
+    torch._dynamo.mark_dynamic(x, 0)  # raises ConstraintViolationError where the backward specializes it
+    torch.autograd.grad(torch.compile(loss, fullgraph=True)(x), (x, w1, w2))
 
 
 @requires_cuda

@@ -53,12 +53,13 @@ class CorrectedMatmulFunction : public torch::autograd::Function<CorrectedMatmul
     if (b.dim() == 1) grad = grad.unsqueeze(-1);
     if (a.dim() == 1) grad = grad.unsqueeze(-2);
     at::Tensor grad_a, grad_b;
+    // sym_sizes: under torch.compile the sizes are symbols, which sizes() would make constants of the graph.
     if (ctx->needs_input_grad(0)) {
-      grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method), a2.sizes());
+      grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method), a2.sym_sizes());
       if (a.dim() == 1) grad_a = grad_a.squeeze(0);
     }
     if (ctx->needs_input_grad(1)) {
-      grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method), b2.sizes());
+      grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method), b2.sym_sizes());
       if (b.dim() == 1) grad_b = grad_b.squeeze(-1);
     }
     return {grad_a, grad_b, at::Tensor()};  // none for `method`
