@@ -50,6 +50,24 @@ def cpp_build():
     return BUILD
 
 
+def _readme_device_example() -> str:
+    """The CUDA code block of README's device-library section."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The device library", 1)[1]
+    return re.search(r"```cuda\n(.*?)```", section, re.DOTALL)[1]
+
+
+@pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="nvcc not found")
+def test_device_library_is_installed(cpp_build, tmp_path):
+    """The installed package has the device library's headers: README's example kernel compiles against them
+    alone (with PyTorch's flags against implicit half conversions), warnings as errors."""
+    source = tmp_path / "example.cu"
+    source.write_text(_readme_device_example())
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    _run([nvcc, "-std=c++17", "-arch=sm_80", f"-I{PREFIX / 'include'}", "-D__CUDA_NO_HALF_CONVERSIONS__",
+          "-D__CUDA_NO_HALF_OPERATORS__", "-Werror", "all-warnings", "-c", source, "-o", tmp_path / "example.o"])
+
+
 def test_ctest_passes(cpp_build):
     out = _run(["ctest", "--test-dir", cpp_build, "--output-on-failure"])
     assert "100% tests passed" in out

@@ -13,7 +13,13 @@
 namespace wmmae {
 namespace detail {
 
-template <class T> struct elem_of;
+template <class> constexpr bool always_false = false;
+
+template <class T> struct elem_of {
+  static_assert(always_false<T>, "wmmae: fragments of this element type are not supported (sub-byte types: "
+                                 "experimental::precision::s4, u4 and b1 have no layout in layout.hpp)");
+  static constexpr Elem value = Elem::half;
+};
 template <> struct elem_of<__half> { static constexpr Elem value = Elem::half; };
 template <> struct elem_of<__nv_bfloat16> { static constexpr Elem value = Elem::bf16; };
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // <mma.h> has tf32 fragments on sm_80+ only
@@ -74,7 +80,9 @@ template <Use U, int M, int N, int K, Elem E, Order O = Order::none>
 using fragment_t = nvcuda::wmma::fragment<typename detail::use_type<U>::type, M, N, K,
                                           typename element_types<E>::fragment, typename detail::order_type<O>::type>;
 
-template <class Frag> struct fragment_traits;
+template <class Frag> struct fragment_traits {
+  static_assert(detail::always_false<Frag>, "wmmae: this argument must be an nvcuda::wmma::fragment");
+};
 
 template <class U, int M, int N, int K, class T, class L>
 struct fragment_traits<nvcuda::wmma::fragment<U, M, N, K, T, L>> {
@@ -93,7 +101,7 @@ struct fragment_traits<nvcuda::wmma::fragment<U, M, N, K, T, L>> {
   }
   static_assert(layout.num_elements == fragment_type::num_elements,
                 "wmmae: the layout of this fragment type is not known for the architecture being compiled "
-                "(measure it with fragment_map(..., device='cuda') and add it to csrc/wmmae/layout.hpp)");
+                "(sm_75 has the m16n16k16 half fragments only, sm_70/72 none): compile for sm_80 or newer");
 };
 
 }  // namespace wmmae

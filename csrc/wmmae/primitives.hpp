@@ -274,7 +274,9 @@ __device__ __forceinline__ void load_with_op(const T* ptr, unsigned ldm, bool ro
 template <class Frag>
 __device__ constexpr bool operand_row_major() {
   static_assert(fragment_traits<Frag>::order != Order::none,
-                "accumulators have no memory layout of their own: pass nvcuda::wmma::layout_t");
+                "wmmae: load_matrices_with_op and the bounded load_matrix_with_op take operands (matrix_a, matrix_b), "
+                "whose memory layout is their own; load an accumulator with load_matrix_with_op(frag, ptr, ldm, "
+                "layout, op)");
   return fragment_traits<Frag>::order == Order::row_major;
 }
 
@@ -283,7 +285,9 @@ __device__ constexpr bool operand_row_major() {
 // Multi-fragment form: the address of each element is computed once, and
 // op(value, i, j, xs, frags...) fills all fragments at element indices xs (e.g. hi and lo parts of a
 // split). The memory layout is the fragments' own (row_major/col_major operands). Any ldm, any alignment.
-template <class T, class Op, class Frag, class... Frags>
+// (Not for a TileBounds op: with a named `fill`, the bounded form below would otherwise match this one too.)
+template <class T, class Op, class Frag, class... Frags,
+          std::enable_if_t<!std::is_same<std::decay_t<Op>, TileBounds>::value, int> = 0>
 __device__ __forceinline__ void load_matrices_with_op(const T* ptr, unsigned ldm, Op&& op, Frag& first, Frags&... rest) {
   detail::load_with_op(ptr, ldm, detail::operand_row_major<Frag>(), nullptr, T(), op, first, rest...);
 }
@@ -400,7 +404,7 @@ __device__ __forceinline__ void foreach_row_quad(const Frag& frag, F&& f) {
   });
 }
 
-// Stores the elements of a fragment that lie inside `bounds`, each once, through op(value, i, j) -> T.
+// Stores the elements of a fragment that lie inside `bounds`, each once, as convert<T>(op(value, i, j)).
 template <class Frag, class T, class Op>
 __device__ __forceinline__ void store_matrix_with_op(T* ptr, const Frag& frag, unsigned ldm, nvcuda::wmma::layout_t layout,
                                             TileBounds bounds, Op&& op) {
@@ -408,7 +412,7 @@ __device__ __forceinline__ void store_matrix_with_op(T* ptr, const Frag& frag, u
     if (!bounds.contains(i, j)) return;
     const long long offset =
         layout == nvcuda::wmma::mem_row_major ? static_cast<long long>(i) * ldm + j : static_cast<long long>(j) * ldm + i;
-    ptr[offset] = op(frag.x[xs.first], i, j);
+    ptr[offset] = convert<T>(op(frag.x[xs.first], i, j));
   });
 }
 

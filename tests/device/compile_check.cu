@@ -18,6 +18,8 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
   if constexpr (wmmae::fragment_traits<Frag>::use == wmmae::Use::accumulator) {
     wmmae::load_matrix_with_op(f, p, 40, wmma::mem_row_major, [](Mem v) { return v; });
     wmmae::store_matrix_with_op(q, f, 40, wmma::mem_col_major, wmmae::TileBounds{3, 5}, [](Mem v, int, int) { return v; });
+    // op's result converted to the memory type (a half accumulator to float, without implicit conversions).
+    wmmae::store_matrix_with_op(out, f, 40, wmma::mem_row_major, wmmae::TileBounds{3, 5}, [](Mem v, int, int) { return v; });
     wmmae::store_vector(q, f, 7);
     if constexpr (wmmae::has_row_quads<Frag>()) {
       wmmae::foreach_row_quad(f, [&](int i, int j, const auto& quad) { q[i * 40 + j] = quad.v[3]; });
@@ -30,6 +32,13 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
       wmmae::assign(a, xs, v);
       wmmae::assign(b, xs, v);
     }, f, g);
+    // The bounded form with a named fill and a named op (which the unbounded form must not also match).
+    const Mem fill = Mem();
+    const auto copy = [](Mem v, int, int, auto xs, Frag& a, Frag& b) {
+      wmmae::assign(a, xs, v);
+      wmmae::assign(b, xs, v);
+    };
+    wmmae::load_matrices_with_op(p, 41, wmmae::TileBounds{4, 7}, fill, copy, f, g);
   }
   out[1] += wmmae::to_float(f.x[0]) + wmmae::to_float(g.x[0]);
   // The split helpers' device forms.

@@ -22,5 +22,14 @@ __global__ void misuse(const __half* p) {
   wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
   wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
   wmmae::load_matrices_with_op(p, 16, [](__half, int, int, auto, auto&, auto&) {}, a, b);
+#elif MISUSE == 4  // an accumulator through the multi-fragment load (it has no memory layout of its own)
+  wmma::fragment<wmma::accumulator, 16, 16, 16, __half> acc;
+  wmmae::load_matrices_with_op(p, 16, [](__half, int, int, auto, auto&) {}, acc);
+#elif MISUSE == 5  // something that is not a fragment
+  int not_a_fragment = 0;
+  wmmae::fill_zero(not_a_fragment);
+#elif MISUSE == 6  // a sub-byte fragment (no layout in the table)
+  wmma::fragment<wmma::matrix_a, 8, 8, 32, wmma::experimental::precision::s4, wmma::row_major> a;
+  wmmae::fill_zero(a);
 #endif
 }
