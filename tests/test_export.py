@@ -1,0 +1,88 @@
+"""The ops in exported programs: torch.export (static and dynamic shapes, save and load) and AOTInductor.
+
+An exported program calls the ops' real kernels, so its results must be the eager results, bit for bit, also
+for shapes other than the traced ones.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import torch_wmmae
+
+from conftest import DEVICES, random_tensor
+
+
+class AllOps(torch.nn.Module):
+    """Each op once, through the Python API, with its non-tensor arguments set."""
+
+    def forward(self, a, b, u):
+        return (
+            torch_wmmae.corrected_matmul(a, b, method="fp16").relu(),
+            torch_wmmae.corrected_matmul(a, b),
+            torch_wmmae.batched_outer(u, alpha=0.5, out_dtype=torch.float16),
+            torch_wmmae.batched_outer(u, u.flip(-1), alpha=-1.0),
+            torch_wmmae.fragment_map("matrix_a", 16, 16, 16, "half", "row_major", arch=80),
+        )
+
+
+def _inputs(gen, device, m, k, batch):
+    return (random_tensor(gen, (2, m, k), "normal", device), random_tensor(gen, (k, 7), "normal", device),
+            random_tensor(gen, (batch, 16), "normal", device).half())
+
+
+# M, K and the batch of u dynamic (the traced sizes avoid 0 and 1, which export specializes).
+DYNAMIC = ({1: Dim("m"), 2: Dim("k")}, {0: Dim("k")}, {0: Dim("batch")})
+
+
+def _assert_same_bits(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exported_program_matches_eager(device, gen, tmp_path):
+    program = torch.export.export(AllOps(), _inputs(gen, device, 9, 40, 5), dynamic_shapes=DYNAMIC)
+    path = tmp_path / "all_ops.pt2"
+    torch.export.save(program, path)
+    for exported in (program, program.run_decompositions(), torch.export.load(path)):
+        for m, k, batch in [(9, 40, 5), (17, 3, 12), (130, 1000, 2)]:  # the traced shape and two others
+            args = _inputs(gen, device, m, k, batch)
+            _assert_same_bits(exported.module()(*args), AllOps()(*args))
+
+
+class Compilable(torch.nn.Module):
+    """What AOTInductor packages correctly with torch 2.11 (see test_aoti_out_dtype below)."""
+
+    def forward(self, a, b, u):
+        return torch_wmmae.corrected_matmul(a, b).relu() * 2, torch_wmmae.batched_outer(u, alpha=0.5)
+
+
+def _aoti_package(module, args, tmp_path):
+    program = torch.export.export(module, args, dynamic_shapes=DYNAMIC)
+    path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "package.pt2"))
+    return torch._inductor.aoti_load_package(path)
+
+
+def test_aoti_package_matches_eager(gen, tmp_path):
+    """An AOTInductor package (CPU: this compiles C++, some seconds) over several shapes."""
+    runner = _aoti_package(Compilable(), _inputs(gen, "cpu", 9, 40, 5), tmp_path)
+    for m, k, batch in [(9, 40, 5), (17, 3, 12)]:
+        args = _inputs(gen, "cpu", m, k, batch)
+        _assert_same_bits(runner(*args), Compilable()(*args))
+
+
+class HalfOuter(torch.nn.Module):
+    def forward(self, a, b, u):
+        return (torch_wmmae.batched_outer(u, alpha=0.5, out_dtype=torch.float16),)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="torch 2.11's AOTInductor passes a custom op's dtype argument under the "
+                   "export format's numbering (float16 arrives as float32): PyTorch's, README 'torch.compile'")
+def test_aoti_out_dtype(gen, tmp_path):
+    runner = _aoti_package(HalfOuter(), _inputs(gen, "cpu", 9, 40, 5), tmp_path)
+    args = _inputs(gen, "cpu", 9, 40, 5)
+    _assert_same_bits(runner(*args), HalfOuter()(*args))
