@@ -28,6 +28,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])]
 # Unit roundoff of float32 (half an ulp of 1.0).
 U32 = 2.0 ** -24
 
+# PyTorch's nvcc flags against implicit half/bf16 conversions: code compiled by the tests must not rely on them.
+NO_IMPLICIT_HALF = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+
 
 def pytest_configure(config):
     # Raised inside torch (opcheck / torch.compile internals), not by this package.

@@ -17,6 +17,8 @@ from torch.utils import cpp_extension
 
 import torch_wmmae
 
+from conftest import NO_IMPLICIT_HALF
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "cpp"
 PREFIX = ROOT / "build" / "cpp-install"
@@ -64,8 +66,8 @@ def test_device_library_is_installed(cpp_build, tmp_path):
     source = tmp_path / "example.cu"
     source.write_text(_readme_device_example())
     nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
-    _run([nvcc, "-std=c++17", "-arch=sm_80", f"-I{PREFIX / 'include'}", "-D__CUDA_NO_HALF_CONVERSIONS__",
-          "-D__CUDA_NO_HALF_OPERATORS__", "-Werror", "all-warnings", "-c", source, "-o", tmp_path / "example.o"])
+    _run([nvcc, "-std=c++17", "-arch=sm_80", f"-I{PREFIX / 'include'}", *NO_IMPLICIT_HALF, "-Werror", "all-warnings",
+          "-c", source, "-o", tmp_path / "example.o"])
 
 
 def test_ctest_passes(cpp_build):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import torch_wmmae
+from conftest import NO_IMPLICIT_HALF
 from test_fragment_map import SM80_FRAGMENTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,9 +24,6 @@ DEVICE_DIR = os.path.join(ROOT, "tests", "device")
 CHECKS = ["foreach_ij coverage", "map inverse", "load_matrix_with_op(identity)", "partial tile, odd ldm",
           "load_vector", "load_vector scaled", "make_identity", "store_matrix_with_op", "multi-fragment load",
           "row quads", "store_vector", "foreach_diagonal", "fill_zero", "integer results"]
-# PyTorch's own flags: the library must not rely on implicit half/bf16 conversions.
-NO_IMPLICIT_HALF = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
 
 
 def _nvcc():
@@ -62,10 +60,12 @@ def test_misuse_is_refused_at_compile_time(case, tmp_path):
     cmd = [_nvcc(), "-std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *NO_IMPLICIT_HALF, f"-DMISUSE={number}", "-c",
            os.path.join(DEVICE_DIR, "misuse.cu"), "-o", str(tmp_path / "misuse.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
+    output = result.stdout + result.stderr
     if message is None:
-        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.returncode == 0, output
     else:
-        assert result.returncode != 0 and message in result.stdout + result.stderr, result.stdout + result.stderr
+        assert result.returncode != 0 and message in output, output
+        assert output.count("static assertion failed") == 1, output  # one message: no misleading second one
 
 
 @pytest.fixture(scope="module")

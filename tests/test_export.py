@@ -51,10 +51,13 @@ def _assert_same_bits(got, want):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_exported_program_matches_eager(device, gen, tmp_path):
-    program = torch.export.export(AllOps(), _inputs(gen, device, 9, 40, 5), dynamic_shapes=DYNAMIC)
+    traced = _inputs(gen, device, 9, 40, 5)
+    program = torch.export.export(AllOps(), traced, dynamic_shapes=DYNAMIC)
     path = tmp_path / "all_ops.pt2"
     torch.export.save(program, path)
     with deterministic():
+        static = torch.export.export(AllOps(), traced)
+        _assert_same_bits(static.module()(*traced), AllOps()(*traced))
         for exported in (program, program.run_decompositions(), torch.export.load(path)):
             for m, k, batch in [(9, 40, 5), (17, 3, 12), (130, 1000, 2)]:  # the traced shape and two others
                 args = _inputs(gen, device, m, k, batch)
@@ -84,13 +87,19 @@ _AOTI_CONTROL = textwrap.dedent("""
 
 
 @functools.lru_cache(maxsize=None)
-def _aoti_works_here() -> bool:
-    return subprocess.run([sys.executable, "-c", _AOTI_CONTROL], capture_output=True).returncode == 0
+def _aoti_control_failure() -> str:
+    """Why the control failed ("" where it passed)."""
+    try:
+        result = subprocess.run([sys.executable, "-c", _AOTI_CONTROL], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "it ran for more than 600 s"
+    return "" if result.returncode == 0 else f"exit status {result.returncode}: {result.stderr[-300:]}"
 
 
 def _aoti_package(module, args, tmp_path):
-    if not _aoti_works_here():
-        pytest.skip("this machine's torch cannot compile and load an AOTInductor package of plain torch ops")
+    failure = _aoti_control_failure()
+    if failure:
+        pytest.skip(f"this machine's torch cannot compile and load an AOTInductor package of plain torch ops ({failure})")
     program = torch.export.export(module, args, dynamic_shapes=DYNAMIC)
     path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "package.pt2"))
     return torch._inductor.aoti_load_package(path)

@@ -22,7 +22,7 @@ def _require_tensor(op: str, name: str, value) -> None:
             f"wmmae::{op}() Expected a value of type 'Tensor' for argument '{name}' but instead found type "
             f"'{type(value).__name__}'."
         )
-    if value.is_nested:  # (strided ones reach the C++ checks; jagged ones, a Python subclass, reach _refuse_jagged)
+    if value.is_nested:  # (through the raw ops, strided ones meet the C++ checks and jagged ones _refuse_jagged)
         raise RuntimeError(f"{op}: argument '{name}' must be a dense (strided) tensor, got a nested tensor")
 
 

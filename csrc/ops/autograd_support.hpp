@@ -4,7 +4,7 @@
 // - no forward-mode derivative: an input with a tangent (torch.autograd.forward_ad, torch.func.jvp) would give
 //   an output without one, which reads as a zero derivative;
 // - no place in functorch's transforms (torch.func.grad, vjp, jacrev), which refuse them.
-// It is also where both include torch's Function header.
+// It is also where corrected_matmul_autograd.cpp and batched_outer_autograd.cpp get torch's Function header.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,7 +12,8 @@
 
 // gcc 13 warns -Warray-bounds and -Wstringop-overflow in std::vector<bool> as inlined into torch's
 // Function::apply: false positives in torch's header, reached from both autograd kernels. Off for that header
-// only (gcc applies a pragma to the inlined call sites within it).
+// only: gcc judges a warning from inlined code by the pragmas in force at each call site of the inlining
+// chain, and the chain passes through this header's lines.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"

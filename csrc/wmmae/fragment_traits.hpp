@@ -15,21 +15,26 @@ namespace detail {
 
 template <class> constexpr bool always_false = false;
 
+template <Elem E> struct known_elem {
+  static constexpr Elem value = E;
+  static constexpr bool known = true;
+};
 template <class T> struct elem_of {
   static_assert(always_false<T>, "wmmae: fragments of this element type are not supported (sub-byte types: "
                                  "experimental::precision::s4, u4 and b1 have no layout in layout.hpp)");
   static constexpr Elem value = Elem::half;
+  static constexpr bool known = false;  // (so that no second, misleading layout error follows the one above)
 };
-template <> struct elem_of<__half> { static constexpr Elem value = Elem::half; };
-template <> struct elem_of<__nv_bfloat16> { static constexpr Elem value = Elem::bf16; };
+template <> struct elem_of<__half> : known_elem<Elem::half> {};
+template <> struct elem_of<__nv_bfloat16> : known_elem<Elem::bf16> {};
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // <mma.h> has tf32 fragments on sm_80+ only
-template <> struct elem_of<nvcuda::wmma::precision::tf32> { static constexpr Elem value = Elem::tf32; };
+template <> struct elem_of<nvcuda::wmma::precision::tf32> : known_elem<Elem::tf32> {};
 #endif
-template <> struct elem_of<float> { static constexpr Elem value = Elem::f32; };
-template <> struct elem_of<double> { static constexpr Elem value = Elem::f64; };
-template <> struct elem_of<signed char> { static constexpr Elem value = Elem::s8; };
-template <> struct elem_of<unsigned char> { static constexpr Elem value = Elem::u8; };
-template <> struct elem_of<int> { static constexpr Elem value = Elem::s32; };
+template <> struct elem_of<float> : known_elem<Elem::f32> {};
+template <> struct elem_of<double> : known_elem<Elem::f64> {};
+template <> struct elem_of<signed char> : known_elem<Elem::s8> {};
+template <> struct elem_of<unsigned char> : known_elem<Elem::u8> {};
+template <> struct elem_of<int> : known_elem<Elem::s32> {};
 
 template <class U> struct use_of;
 template <> struct use_of<nvcuda::wmma::matrix_a> { static constexpr Use value = Use::matrix_a; };
@@ -99,9 +104,10 @@ struct fragment_traits<nvcuda::wmma::fragment<U, M, N, K, T, L>> {
     constexpr RowCol origin = layout.origin(X);
     return core_position(origin, layout.run, layout.transposed, lane, X);
   }
-  static_assert(layout.num_elements == fragment_type::num_elements,
+  static_assert(!detail::elem_of<T>::known || layout.num_elements == fragment_type::num_elements,
                 "wmmae: the layout of this fragment type is not known for the architecture being compiled "
-                "(sm_75 has the m16n16k16 half fragments only, sm_70/72 none): compile for sm_80 or newer");
+                "(sm_75 has only the m16n16k16 half operands and half/float accumulators, sm_70/72 none): "
+                "compile for sm_80 or newer");
 };
 
 }  // namespace wmmae
