@@ -30,10 +30,8 @@ def _refuse_jagged(cls, func, types, args, kwargs):
     """A raw op (``torch.ops.wmmae.*``) called with a jagged nested tensor: the Python API's message, where the
     subclass's own dispatch would raise a NotImplementedError that names no argument."""
     op = func._schema.name.split("::")[-1]
-    for arg, value in zip(func._schema.arguments, args):
-        if isinstance(value, Tensor):
-            _require_tensor(op, arg.name, value)
-    for name, value in kwargs.items():
+    named = [*zip((arg.name for arg in func._schema.arguments), args), *kwargs.items()]
+    for name, value in named:
         if isinstance(value, Tensor):
             _require_tensor(op, name, value)
     raise NotImplementedError(f"{op}: jagged nested tensors are not supported")

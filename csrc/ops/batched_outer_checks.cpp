@@ -1,5 +1,7 @@
 #include "batched_outer.hpp"
 
+#include "argument_checks.hpp"
+
 namespace wmmae_ops {
 namespace {
 
@@ -12,14 +14,10 @@ BatchedOuterArgs check_batched_outer(const at::Tensor& u, const std::optional<at
   TORCH_CHECK(u.dim() >= 1, "batched_outer: argument 'u' must have shape (..., n), got a 0-d tensor");
   TORCH_CHECK(is_supported_input(u.scalar_type()),
               "batched_outer: argument 'u' must be float16, bfloat16 or float32, got ", u.scalar_type());
-  TORCH_CHECK(u.layout() == at::kStrided, "batched_outer: argument 'u' must be a dense (strided) tensor, got layout ",
-              u.layout());
-  TORCH_CHECK(!u.is_nested(), "batched_outer: argument 'u' must be a dense (strided) tensor, got a nested tensor");
+  check_dense("batched_outer", "u", u);
   BatchedOuterArgs args{v.has_value() ? *v : u, out_dtype.value_or(at::kFloat)};
   if (v.has_value()) {
-    TORCH_CHECK(v->layout() == at::kStrided, "batched_outer: argument 'v' must be a dense (strided) tensor, got layout ",
-                v->layout());
-    TORCH_CHECK(!v->is_nested(), "batched_outer: argument 'v' must be a dense (strided) tensor, got a nested tensor");
+    check_dense("batched_outer", "v", *v);
     TORCH_CHECK(v->device() == u.device(), "batched_outer: arguments 'u' and 'v' must be on the same device, got u on ",
                 u.device(), " and v on ", v->device());
     TORCH_CHECK(v->scalar_type() == u.scalar_type(), "batched_outer: argument 'v' must have the dtype of 'u' (",

@@ -1,5 +1,6 @@
 #include "matmul_plan.hpp"
 
+#include "argument_checks.hpp"
 #include "corrected_matmul_scheme.hpp"
 
 #include <ATen/Context.h>
@@ -42,12 +43,8 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
   TORCH_CHECK(b.dim() >= 1, op_name, ": argument 'b' must have at least 1 dimension, got a 0-d tensor");
   TORCH_CHECK(a.scalar_type() == at::kFloat, op_name, ": argument 'a' must be float32, got ", a.scalar_type());
   TORCH_CHECK(b.scalar_type() == at::kFloat, op_name, ": argument 'b' must be float32, got ", b.scalar_type());
-  TORCH_CHECK(a.layout() == at::kStrided, op_name, ": argument 'a' must be a dense (strided) tensor, got layout ",
-              a.layout());
-  TORCH_CHECK(b.layout() == at::kStrided, op_name, ": argument 'b' must be a dense (strided) tensor, got layout ",
-              b.layout());
-  TORCH_CHECK(!a.is_nested(), op_name, ": argument 'a' must be a dense (strided) tensor, got a nested tensor");
-  TORCH_CHECK(!b.is_nested(), op_name, ": argument 'b' must be a dense (strided) tensor, got a nested tensor");
+  check_dense(op_name, "a", a);
+  check_dense(op_name, "b", b);
   TORCH_CHECK(a.device() == b.device(), op_name, ": arguments 'a' and 'b' must be on the same device, got a on ",
               a.device(), " and b on ", b.device());
 
