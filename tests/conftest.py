@@ -36,6 +36,8 @@ NO_IMPLICIT_HALF = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSION
 def pytest_configure(config):
     # Raised inside torch (opcheck / torch.compile internals), not by this package.
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+    # (torch.func.jvp and forward-mode AD script a helper on first use)
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 
 @pytest.fixture(params=DEVICES)
@@ -57,6 +59,7 @@ def seed(request) -> int:
 def gen(seed) -> torch.Generator:
     """A CPU generator seeded for this test; draw on the CPU, then move to the device."""
     return torch.Generator().manual_seed(seed)
+
 
 
 @contextlib.contextmanager

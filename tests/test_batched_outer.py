@@ -10,7 +10,7 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import U32, float32_matmuls, random_tensor, requires_cuda
+from conftest import U32, float32_matmuls, random_tensor, rel_err, requires_cuda
 from hardening import assert_outer_correct, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
@@ -357,30 +357,85 @@ def test_gradients_stay_float32_where_matmuls_may_use_tf32(device, gen, with_v):
     _assert_gradient_close(u.grad, want, (g_u.abs() * v64.abs().unsqueeze(-2)).sum(-1), n)
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (inside torch.func.jvp)
-def test_forward_mode_ad_is_refused(device, gen):
-    """No forward-mode derivative: an input with a tangent is refused, rather than given a zero derivative."""
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_forward_mode_matches_float64(device, gen, dtype, with_v, out_dtype):
+    """torch.autograd.forward_ad: the output's tangent is u_t v^T + u v_t^T (v = None: u_t u^T + u u_t^T), with
+    one or both tangents, summed in float32 and rounded once to the output's dtype."""
     import torch.autograd.forward_ad as fwAD
 
-    u = random_tensor(gen, (3, 8), "normal", device)
-    tangent = random_tensor(gen, (3, 8), "normal", device)
-    with fwAD.dual_level():
-        with pytest.raises(RuntimeError, match=r"batched_outer: argument 'u' carries a forward-mode tangent"):
-            batched_outer(fwAD.make_dual(u, tangent))
-        with pytest.raises(RuntimeError, match=r"batched_outer: argument 'v' carries a forward-mode tangent"):
-            batched_outer(u, fwAD.make_dual(u.clone(), tangent))
-    with pytest.raises(RuntimeError, match=r"forward-mode tangent"):
-        torch.func.jvp(lambda x: batched_outer(x), (u,), (tangent,))
+    n = 17
+    u, u_t, v, v_t = (random_tensor(gen, (3, 2, n), "normal", device, dtype) for _ in range(4))
+    u64, u_t64, v64, v_t64 = (x.cpu().double() for x in (u, u_t, v, v_t))
+    if not with_v:
+        v, v64, v_t64 = None, u64, u_t64
+    cases = [((u_t, None), _outer64(u_t64, v64, 0.0), _outer64(u_t64.abs(), v64.abs(), 0.0))]
+    if with_v:
+        cases += [((None, v_t), _outer64(u64, v_t64, 0.0), _outer64(u64.abs(), v_t64.abs(), 0.0)),
+                  ((u_t, v_t), _outer64(u_t64, v64, 0.0) + _outer64(u64, v_t64, 0.0),
+                   _outer64(u_t64.abs(), v64.abs(), 0.0) + _outer64(u64.abs(), v_t64.abs(), 0.0))]
+    else:  # both terms come from u's tangent
+        cases = [((u_t, None), _outer64(u_t64, u64, 0.0) + _outer64(u64, u_t64, 0.0),
+                  _outer64(u_t64.abs(), u64.abs(), 0.0) + _outer64(u64.abs(), u_t64.abs(), 0.0))]
+    for (tu, tv), want, magnitude in cases:
+        with fwAD.dual_level():
+            du = u if tu is None else fwAD.make_dual(u, tu)
+            dv = v if tv is None else fwAD.make_dual(v, tv)
+            primal, tangent = fwAD.unpack_dual(batched_outer(du, dv, alpha=0.7, out_dtype=out_dtype))
+        assert tangent is not None and tangent.dtype == primal.dtype == (out_dtype or torch.float32)
+        _assert_gradient_close(tangent, want, magnitude, 2)
 
 
-def test_torch_func_gradients_are_refused(device, gen):
-    """The autograd kernel is a C++ torch::autograd::Function, which functorch's transforms refuse: with the op's
-    name in the message. (torch.func.vmap of the forward alone works: nothing records a gradient there.)"""
-    u = random_tensor(gen, (3, 8), "normal", device)
-    with pytest.raises(RuntimeError, match=r"batched_outer: gradients inside torch.func transforms"):
-        torch.func.grad(lambda x: batched_outer(x).sum())(u)
-    batched = torch.func.vmap(lambda x: batched_outer(x))(u.unsqueeze(1))
-    assert torch.equal(batched.squeeze(1), batched_outer(u))
+# Each transform of a function of two tensors (see _transformed_loss), differentiated in both; hessian and
+# jacfwd nest forward mode over reverse mode.
+TORCH_FUNC_TRANSFORMS = {
+    "grad": lambda f: torch.func.grad(f, argnums=(0, 1)),
+    "jacrev": lambda f: torch.func.jacrev(f, argnums=(0, 1)),
+    "jacfwd": lambda f: torch.func.jacfwd(f, argnums=(0, 1)),
+    "hessian": lambda f: torch.func.hessian(f, argnums=(0, 1)),
+    "jvp": lambda f: lambda x, y: torch.func.jvp(f, (x, y), (torch.ones_like(x), torch.ones_like(y))),
+}
+
+
+def _transformed_loss(outer, with_v):
+    """f(u, w) = sum(cos(u w^T + 0.5 I)), or with v = None f(u, w) = sum(cos((u u^T + 0.5 I) * w as a column))."""
+    if with_v:
+        return lambda u, w: outer(u, w, 0.5).cos().sum()
+    return lambda u, w: (outer(u, None, 0.5) * w.unsqueeze(-1)).cos().sum()
+
+
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+@pytest.mark.parametrize("transform", list(TORCH_FUNC_TRANSFORMS))
+def test_torch_func_transforms_match_float64(device, gen, transform, with_v):
+    """torch.func's transforms run the autograd kernel inside their own layers; every derivative (second
+    derivatives too) matches the same transform of the float64 product."""
+    u = random_tensor(gen, (2, 6), "normal", device)
+    w = random_tensor(gen, (2, 6), "normal", device)
+    got = TORCH_FUNC_TRANSFORMS[transform](
+        _transformed_loss(lambda x, y, alpha: batched_outer(x, y, alpha=alpha), with_v))(u, w)
+    want = TORCH_FUNC_TRANSFORMS[transform](
+        _transformed_loss(lambda x, y, alpha: _outer64(x, x if y is None else y, alpha), with_v))(
+            u.cpu().double(), w.cpu().double())
+    leaves, want_leaves = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
+    assert len(leaves) == len(want_leaves) >= 2
+    for x, y in zip(leaves, want_leaves):
+        assert x.shape == y.shape and x.dtype == torch.float32 and x.device.type == device
+        assert rel_err(x, y) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+def test_gradcheck_reverse_forward_and_batched(device, gen, with_v):
+    """torch.autograd.gradcheck against finite differences: reverse and forward mode, and both under vmap
+    (batched gradients, as torch.func.jacrev / jacfwd compute them). float32, with steps of 1e-2 that the
+    bilinear product takes without truncation error."""
+    u = random_tensor(gen, (2, 5), "normal", device).requires_grad_()
+    v = random_tensor(gen, (2, 5), "normal", device).requires_grad_()
+    fn, inputs = ((lambda x, y: batched_outer(x, y, alpha=0.3)), (u, v)) if with_v else \
+        ((lambda x: batched_outer(x, alpha=0.3)), (u,))
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-2, atol=1e-3, rtol=1e-3, check_forward_ad=True,
+                                    check_batched_grad=True, check_batched_forward_grad=True)
 
 
 def test_alpha_must_be_a_number(device, gen):

@@ -660,29 +660,68 @@ def test_double_backward_matches_float64(device, gen, method):
     assert rel_err(grad_b_of_grad_a, ref) < 1e-5
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (inside torch.func.jvp)
-def test_forward_mode_ad_is_refused(device, gen):
-    """No forward-mode derivative: an input with a tangent is refused, rather than given a zero derivative."""
+@pytest.mark.parametrize("case", list(AUTOGRAD_SHAPES))
+@pytest.mark.parametrize("method", METHODS)
+def test_forward_mode_matches_float64(device, gen, method, case):
+    """torch.autograd.forward_ad: the output's tangent is a_t @ b + a @ b_t (with one or both tangents)."""
     import torch.autograd.forward_ad as fwAD
 
-    a = random_tensor(gen, (4, 9), "normal", device)
-    b = random_tensor(gen, (9, 3), "normal", device)
-    with fwAD.dual_level():
-        with pytest.raises(RuntimeError, match=r"corrected_matmul: argument 'a' carries a forward-mode tangent"):
-            corrected_matmul(fwAD.make_dual(a, torch.ones_like(a)), b)
-        with pytest.raises(RuntimeError, match=r"corrected_matmul: argument 'b' carries a forward-mode tangent"):
-            corrected_matmul(a, fwAD.make_dual(b, torch.ones_like(b)))
-    with pytest.raises(RuntimeError, match=r"forward-mode tangent"):
-        torch.func.jvp(lambda x: corrected_matmul(x, b), (a,), (torch.ones_like(a),))
+    a_shape, b_shape = AUTOGRAD_SHAPES[case]
+    a, a_t = (random_tensor(gen, a_shape, "normal", device) for _ in range(2))
+    b, b_t = (random_tensor(gen, b_shape, "normal", device) for _ in range(2))
+    a64, b64, a_t64, b_t64 = (x.double() for x in (a, b, a_t, b_t))
+    for tangents, want in [((a_t, None), torch.matmul(a_t64, b64)), ((None, b_t), torch.matmul(a64, b_t64)),
+                           ((a_t, b_t), torch.matmul(a_t64, b64) + torch.matmul(a64, b_t64))]:
+        with fwAD.dual_level():
+            duals = [x if t is None else fwAD.make_dual(x, t) for x, t in zip((a, b), tangents)]
+            primal, tangent = fwAD.unpack_dual(corrected_matmul(*duals, method=method))
+        assert tangent is not None and tangent.shape == primal.shape == want.shape and tangent.dtype == torch.float32
+        assert rel_err(primal, torch.matmul(a64, b64)) < 1e-5
+        assert rel_err(tangent, want) < 1e-5
 
 
-def test_torch_func_gradients_are_refused(device, gen):
-    """The autograd kernel is a C++ torch::autograd::Function, which functorch's transforms refuse: with the op's
-    name in the message."""
-    a = random_tensor(gen, (4, 9), "normal", device)
-    b = random_tensor(gen, (9, 3), "normal", device)
-    with pytest.raises(RuntimeError, match=r"corrected_matmul: gradients inside torch.func transforms"):
-        torch.func.grad(lambda x: corrected_matmul(x, b).sum())(a)
+# Each transform of f(a, b) = sum(sin(a @ b)), differentiated in both arguments; hessian and jacfwd nest
+# forward mode over reverse mode.
+TORCH_FUNC_TRANSFORMS = {
+    "grad": lambda f: torch.func.grad(f, argnums=(0, 1)),
+    "vjp": lambda f: lambda a, b: torch.func.vjp(f, a, b)[1](torch.ones((), dtype=a.dtype, device=a.device)),
+    "jacrev": lambda f: torch.func.jacrev(f, argnums=(0, 1)),
+    "jacfwd": lambda f: torch.func.jacfwd(f, argnums=(0, 1)),
+    "hessian": lambda f: torch.func.hessian(f, argnums=(0, 1)),
+    "jacrev_of_jacrev": lambda f: torch.func.jacrev(torch.func.jacrev(f, argnums=(0, 1)), argnums=(0, 1)),
+    "jvp": lambda f: lambda a, b: torch.func.jvp(f, (a, b), (torch.ones_like(a), torch.ones_like(b))),
+}
+
+
+def _leaves(tree):
+    return torch.utils._pytree.tree_leaves(tree)
+
+
+@pytest.mark.parametrize("transform", list(TORCH_FUNC_TRANSFORMS))
+def test_torch_func_transforms_match_float64(device, gen, transform):
+    """torch.func's transforms run the autograd kernel inside their own layers; every derivative (second
+    derivatives too) matches the same transform of torch.matmul in float64."""
+    a = random_tensor(gen, (3, 7), "normal", device)
+    b = random_tensor(gen, (7, 4), "normal", device)
+    got = TORCH_FUNC_TRANSFORMS[transform](lambda x, y: corrected_matmul(x, y).sin().sum())(a, b)
+    want = TORCH_FUNC_TRANSFORMS[transform](lambda x, y: torch.matmul(x, y).sin().sum())(a.double(), b.double())
+    assert len(_leaves(got)) == len(_leaves(want)) >= 2
+    for x, y in zip(_leaves(got), _leaves(want)):
+        assert x.shape == y.shape and x.dtype == torch.float32
+        assert rel_err(x, y) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
+@pytest.mark.parametrize("case", ["2d", "broadcast", "1d_3d"])
+def test_gradcheck_reverse_forward_and_batched(device, gen, case):
+    """torch.autograd.gradcheck against finite differences: reverse and forward mode, and both under vmap
+    (batched gradients, as torch.func.jacrev / jacfwd compute them). float32 (the op's only dtype), so steps of
+    1e-2, which the bilinear product takes without truncation error."""
+    a_shape, b_shape = AUTOGRAD_SHAPES[case]
+    a = random_tensor(gen, a_shape, "normal", device).requires_grad_()
+    b = random_tensor(gen, b_shape, "normal", device).requires_grad_()
+    assert torch.autograd.gradcheck(corrected_matmul, (a, b), eps=1e-2, atol=1e-3, rtol=1e-3, check_forward_ad=True,
+                                    check_batched_grad=True, check_batched_forward_grad=True)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Python API of the wmmae operators: thin wrappers over torch.ops.wmmae, each with its fake (meta) kernel
-for torch.compile beside it. The autograd of corrected_matmul and batched_outer is registered in C++
-(csrc/ops/*_autograd.cpp): reverse mode only; an input with a forward-mode tangent is refused."""
+for torch.compile beside it. The autograd of corrected_matmul and batched_outer is
+registered in C++ (csrc/ops/*_autograd.cpp): reverse and forward mode, inside torch.func's transforms too."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -59,8 +59,9 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     k-step (the residual-times-residual term is dropped) recover fp32 accuracy: each product keeps 22 of its
     operands' 24 bits, a few float32 roundings, which only short sums (K below about 32) show; over longer
     sums the result is at least as accurate as a one-accumulator float32 GEMM (README, "methods and their
-    accuracy"). Differentiable in reverse mode (``backward``, ``torch.autograd.grad``; not forward mode or
-    ``torch.func`` transforms).
+    accuracy"). Differentiable to any order, in reverse mode (``backward``, ``torch.autograd.grad``) and forward
+    mode (``torch.autograd.forward_ad``), also under ``torch.func`` (``grad``, ``vjp``, ``jacrev``, ``jvp``,
+    ``jacfwd``, ``hessian``); every derivative is a ``corrected_matmul`` with the same method.
 
     Args:
         method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``
@@ -108,6 +109,7 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     return a.new_empty(shape)
 
 
+
 # --------------------------------------------------------------------------------------------------------
 # batched_outer
 # --------------------------------------------------------------------------------------------------------
@@ -125,9 +127,9 @@ def batched_outer(
         alpha: a Python number, added once to every diagonal element as a float32 value.
         out_dtype: float32 (default), float16 or bfloat16.
 
-    Differentiable in ``u`` and ``v`` (reverse mode; not forward mode or ``torch.func`` transforms):
+    Differentiable in ``u`` and ``v``, in reverse and forward mode, also under ``torch.func``'s transforms:
     ``grad_u = g v`` and ``grad_v = g^T u`` for an incoming gradient ``g``, computed in float32 and returned in
-    the inputs' dtype.
+    the inputs' dtype; the tangent ``u_t v^T + u v_t^T`` in float32, rounded once to ``out_dtype``.
 
     Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs: each element is the exact
     ``u_i v_j`` (plus ``alpha`` on the diagonal) rounded once to float32, then to ``out_dtype`` if that is
@@ -160,6 +162,7 @@ def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.
     dtype = torch.float32 if out_dtype is None else out_dtype
     torch._check(dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'out_dtype' must be float32, float16 or bfloat16, got {dtype}")
     return u.new_empty((*u.shape, u.shape[-1]), dtype=dtype)
+
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -1,48 +1,50 @@
-// What the autograd kernels (corrected_matmul_autograd.cpp, batched_outer_autograd.cpp) cannot do, refused with
-// the op's name instead of a silent wrong derivative or a message that names neither op nor argument. They are
-// torch::autograd::Function's, which have
-// - no forward-mode derivative: an input with a tangent (torch.autograd.forward_ad, torch.func.jvp) would give
-//   an output without one, which reads as a zero derivative;
-// - no place in functorch's transforms (torch.func.grad, vjp, jacrev), which refuse them.
-// It is also where corrected_matmul_autograd.cpp and batched_outer_autograd.cpp get torch's Function header.
+// What the autograd kernels of both ops (corrected_matmul_autograd.cpp, batched_outer_autograd.cpp) share.
+//
+// They are written the way PyTorch's generated kernels for its own ops are (VariableType): a graph node of
+// their own (a torch::autograd::Node with the inputs saved), history set on the output, and a forward-mode
+// tangent computed from the inputs' tangents. Not a torch::autograd::Function: that has no forward mode, and
+// functorch's transforms (torch.func.grad, vjp, jacrev, jacfwd, hessian, jvp) refuse it, while they take a
+// kernel built like ATen's, because they run it inside their own layers as they run any ATen op.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/FuncTorchTLS.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
-// gcc 13 warns -Warray-bounds and -Wstringop-overflow in std::vector<bool> as inlined into torch's
-// Function::apply: false positives in torch's header, reached from both autograd kernels. Off for that header
-// only: gcc judges a warning from inlined code by the pragmas in force at each call site of the inlining
-// chain, and the chain passes through this header's lines.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
-#include <torch/csrc/autograd/custom_function.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include <memory>
+#include <utility>
 
 namespace wmmae_ops {
 
-inline void refuse_tangent(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(!t.defined() || !t._fw_grad(/*level=*/0).defined(), op, ": argument '", name,
-              "' carries a forward-mode tangent (torch.autograd.forward_ad or torch.func.jvp), and the op has no "
-              "forward-mode derivative; use reverse mode (backward, torch.autograd.grad)");
+// t's forward-mode tangent (torch.autograd.forward_ad, torch.func.jvp and jacfwd all use level 0; functorch
+// nests its levels in its own wrappers), or an undefined tensor where there is none or it is a symbolic zero.
+inline at::Tensor forward_tangent(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  const at::Tensor& tangent = t._fw_grad(/*level=*/0);
+  return tangent.defined() && !tangent._is_zerotensor() ? tangent : at::Tensor();
 }
 
-// Before recording a gradient: the check torch::autograd::Function::apply makes, with the op's name.
-inline void refuse_functorch_transform(const char* op) {
-  const auto& functorch_state = at::functorch::functorchTLSAccessor();
-  if (!functorch_state) return;
-  try {
-    functorch_state->checkSupportsCppAutogradFunction();
-  } catch (const c10::Error&) {
-    TORCH_CHECK(false, op, ": gradients inside torch.func transforms (grad, vjp, jacrev, vmap of a gradient) are "
-                "not supported: the op's autograd is a C++ torch::autograd::Function; use torch.autograd.grad or "
-                "backward()");
-  }
+// t without its tangent, to multiply another input's tangent by: the product of two tangents is second order
+// and must not become part of the output's tangent.
+inline at::Tensor forward_primal(const at::Tensor& t) {
+  return t.defined() && t._fw_grad(/*level=*/0).defined() ? t._fw_primal(/*level=*/0) : t;
+}
+
+// The sum of the defined terms of a tangent (undefined if none is).
+inline at::Tensor add_defined(at::Tensor x, const at::Tensor& y) {
+  if (!x.defined()) return y;
+  return y.defined() ? x + y : x;
+}
+
+// A new node of type NodeT for an op whose differentiable inputs are `inputs`, where gradient mode is on and
+// one of them requires a gradient; null otherwise (then the output records no history).
+template <class NodeT, class... Inputs>
+std::shared_ptr<NodeT> make_grad_fn(const Inputs&... inputs) {
+  if (!torch::autograd::compute_requires_grad(inputs...)) return nullptr;
+  std::shared_ptr<NodeT> node(new NodeT(), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs...));
+  return node;
 }
 
 }  // namespace wmmae_ops

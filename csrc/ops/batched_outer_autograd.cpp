@@ -1,13 +1,16 @@
-// Autograd of batched_outer: out = u v^T + alpha I per batch index, so for an incoming gradient g (..., n, n)
-//   grad_u = g v      grad_v = g^T u      (v = None: grad_u = (g + g^T) u)
-// computed in float32 (the inputs are at most float32) with differentiable ATen ops, so that double backward
-// works, and returned in the inputs' dtype. Products and sums rather than at::matmul: a float32 matmul may run
-// in TF32 (torch.backends.cuda.matmul.allow_tf32, set_float32_matmul_precision), about 10 bits. alpha and
-// out_dtype get no gradient. Forward mode and torch.func transforms are refused (autograd_support.hpp).
+// Autograd of batched_outer: out = u v^T + alpha I per batch index, so
+//   reverse mode, for an incoming gradient g (..., n, n):
+//     grad_u = g v      grad_v = g^T u      (v = None: grad_u = (g + g^T) u)
+//   forward mode:  out_t = u_t v^T + u v_t^T    (v = None: u_t u^T + u u_t^T)
+// The reverse products in float32 (the inputs are at most float32) with differentiable ATen ops, so that
+// higher derivatives work, returned in the inputs' dtype: products and sums rather than at::matmul, which
+// may run a float32 matmul in TF32 (torch.backends.cuda.matmul.allow_tf32, set_float32_matmul_precision),
+// about 10 bits. The forward tangent with batched_outer itself, its two terms summed in float32 and rounded
+// once to the output's dtype. alpha and out_dtype get no derivative. Built like PyTorch's own kernels
+// (autograd_support.hpp), so torch.func's transforms take it.
 //
 // In C++ for the reasons given in corrected_matmul_autograd.cpp: a call that records no gradient only
 // redispatches, and LibTorch programs get the gradients too.
-#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -18,16 +21,15 @@
 namespace wmmae_ops {
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-at::Tensor batched_outer_below_autograd(const at::Tensor& u, const std::optional<at::Tensor>& v, double alpha,
-                                        std::optional<at::ScalarType> out_dtype) {
+at::Tensor call_batched_outer(const at::Tensor& u, const std::optional<at::Tensor>& v, double alpha,
+                              std::optional<at::ScalarType> out_dtype) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("wmmae::batched_outer", "")
                              .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double,
                                                std::optional<at::ScalarType>)>();
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(u, v, alpha, out_dtype);
 }
 
@@ -36,43 +38,59 @@ at::Tensor times_vector(const at::Tensor& g, const at::Tensor& x) {
   return (g.to(at::kFloat) * x.to(at::kFloat).unsqueeze(-2)).sum(-1);
 }
 
-class BatchedOuterFunction : public torch::autograd::Function<BatchedOuterFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& u, const std::optional<at::Tensor>& v,
-                            double alpha, std::optional<at::ScalarType> out_dtype) {
-    ctx->saved_data["v_is_u"] = !v.has_value();
-    ctx->save_for_backward({u, v.value_or(u)});
-    return batched_outer_below_autograd(u, v, alpha, out_dtype);
-  }
+struct BatchedOuterBackward : public torch::autograd::Node {
+  SavedVariable u_, v_;  // v_ holds u where the call had no v
+  bool v_is_u_ = false;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& u = saved[0];
-    const at::Tensor& v = saved[1];
+  std::string name() const override { return "BatchedOuterBackward"; }
+  void release_variables() override {
+    u_.reset_data();
+    v_.reset_data();
+  }
+  variable_list apply(variable_list&& grad_outputs) override {
+    variable_list grad_inputs(v_is_u_ ? 1 : 2);
     const at::Tensor& g = grad_outputs[0];
-    if (ctx->saved_data["v_is_u"].toBool()) {
-      at::Tensor grad_u;
-      if (ctx->needs_input_grad(0)) {
+    if (!g.defined()) return grad_inputs;
+    const at::Tensor u = u_.unpack(shared_from_this());
+    const at::Tensor v = v_.unpack(shared_from_this());
+    if (v_is_u_) {
+      if (should_compute_output(0)) {
         const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
-        grad_u = times_vector(g32 + g32.transpose(-1, -2), u).to(u.scalar_type());
+        grad_inputs[0] = times_vector(g32 + g32.transpose(-1, -2), u).to(u.scalar_type());
       }
-      return {grad_u, at::Tensor(), at::Tensor(), at::Tensor()};
+      return grad_inputs;
     }
-    at::Tensor grad_u, grad_v;
-    if (ctx->needs_input_grad(0)) grad_u = times_vector(g, v).to(u.scalar_type());
-    if (ctx->needs_input_grad(1)) grad_v = times_vector(g.transpose(-1, -2), u).to(v.scalar_type());
-    return {grad_u, grad_v, at::Tensor(), at::Tensor()};  // none for alpha and out_dtype
+    if (should_compute_output(0)) grad_inputs[0] = times_vector(g, v).to(u.scalar_type());
+    if (should_compute_output(1)) grad_inputs[1] = times_vector(g.transpose(-1, -2), u).to(v.scalar_type());
+    return grad_inputs;
   }
 };
 
 at::Tensor batched_outer_autograd(const at::Tensor& u, const std::optional<at::Tensor>& v, double alpha,
                                   std::optional<at::ScalarType> out_dtype) {
-  refuse_tangent("batched_outer", "u", u);
-  if (v.has_value()) refuse_tangent("batched_outer", "v", *v);
-  const bool any_requires_grad = u.requires_grad() || (v.has_value() && v->requires_grad());
-  if (!at::GradMode::is_enabled() || !any_requires_grad) return batched_outer_below_autograd(u, v, alpha, out_dtype);
-  refuse_functorch_transform("batched_outer");
-  return BatchedOuterFunction::apply(u, v, alpha, out_dtype);
+  // (The node's inputs: u, and v where the call has one.)
+  const auto grad_fn = v.has_value() ? make_grad_fn<BatchedOuterBackward>(u, *v) : make_grad_fn<BatchedOuterBackward>(u);
+  if (grad_fn) {
+    grad_fn->u_ = SavedVariable(u, /*is_output=*/false);
+    grad_fn->v_ = SavedVariable(v.value_or(u), /*is_output=*/false);
+    grad_fn->v_is_u_ = !v.has_value();
+  }
+  at::Tensor out;
+  {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    out = call_batched_outer(u, v, alpha, out_dtype);
+  }
+  if (grad_fn) torch::autograd::set_history(out, grad_fn);
+  const at::Tensor& v_or_u = v.has_value() ? *v : u;
+  const at::Tensor u_t = forward_tangent(u), v_t = v.has_value() ? forward_tangent(*v) : u_t;
+  if (u_t.defined() || v_t.defined()) {
+    const at::Tensor u_p = forward_primal(u), v_p = forward_primal(v_or_u);
+    at::Tensor out_t;  // in float32, rounded once below
+    if (u_t.defined()) out_t = call_batched_outer(u_t, v_p, 0.0, at::kFloat);
+    if (v_t.defined()) out_t = add_defined(out_t, call_batched_outer(u_p, v_t, 0.0, at::kFloat));
+    out._set_fw_grad(out_t.to(out.scalar_type()), /*level=*/0, /*is_inplace_op=*/false);
+  }
+  return out;
 }
 
 }  // namespace

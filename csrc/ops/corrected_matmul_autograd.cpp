@@ -1,5 +1,8 @@
-// Autograd of corrected_matmul: grad_a = grad @ b^T and grad_b = a^T @ grad, both with corrected_matmul itself
-// (so double backward works too), summed over broadcast batch dimensions.
+// Autograd of corrected_matmul, with corrected_matmul itself for every derivative (so derivatives of any order
+// work), summed over broadcast batch dimensions:
+//   reverse mode  grad_a = grad @ b^T      grad_b = a^T @ grad
+//   forward mode  out_t = a_t @ b + a @ b_t
+// Built like PyTorch's own kernels (autograd_support.hpp), so torch.func's transforms take it.
 //
 // Written in C++ rather than with torch.library.register_autograd: that Python kernel runs on every call, with
 // or without gradients, and cost the host 6-10 us per call (H200 machine; benchmarks/NOTES.md), which is what
@@ -10,13 +13,14 @@
 #include <torch/library.h>
 
 #include <string>
+#include <utility>
 
 #include "autograd_support.hpp"
 
 namespace wmmae_ops {
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 at::Tensor call_corrected_matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
@@ -26,54 +30,61 @@ at::Tensor call_corrected_matmul(const at::Tensor& a, const at::Tensor& b, c10::
   return op.call(a, b, method);
 }
 
-// The backend's kernel (CPU, CUDA, or the fake kernel under torch.compile) with no autograd recording.
-at::Tensor corrected_matmul_below_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return call_corrected_matmul(a, b, method);
-}
+struct CorrectedMatmulBackward : public torch::autograd::Node {
+  SavedVariable a_, b_;
+  std::string method_;
 
-class CorrectedMatmulFunction : public torch::autograd::Function<CorrectedMatmulFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
-    ctx->saved_data["method"] = std::string(method);
-    ctx->save_for_backward({a, b});
-    return corrected_matmul_below_autograd(a, b, method);
+  std::string name() const override { return "CorrectedMatmulBackward"; }
+  void release_variables() override {
+    a_.reset_data();
+    b_.reset_data();
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& a = saved[0];
-    const at::Tensor& b = saved[1];
-    const std::string method = ctx->saved_data["method"].toStringRef();
+  variable_list apply(variable_list&& grad_outputs) override {
+    variable_list grad_inputs(2);
+    at::Tensor grad = grad_outputs[0];
+    if (!grad.defined()) return grad_inputs;
+    const at::Tensor a = a_.unpack(shared_from_this());
+    const at::Tensor b = b_.unpack(shared_from_this());
     // Promote 1-D operands to matrices as torch.matmul does, then drop the added dimensions again. b's column
     // dimension first: for 1-D @ 1-D the gradient is 0-d and has no dimension -2 yet.
     const at::Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
     const at::Tensor b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;
-    at::Tensor grad = grad_outputs[0];
     if (b.dim() == 1) grad = grad.unsqueeze(-1);
     if (a.dim() == 1) grad = grad.unsqueeze(-2);
-    at::Tensor grad_a, grad_b;
     // sym_sizes: under torch.compile the sizes are symbols, which sizes() would make constants of the graph.
-    if (ctx->needs_input_grad(0)) {
-      grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method), a2.sym_sizes());
-      if (a.dim() == 1) grad_a = grad_a.squeeze(0);
+    if (should_compute_output(0)) {
+      at::Tensor grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method_), a2.sym_sizes());
+      grad_inputs[0] = a.dim() == 1 ? grad_a.squeeze(0) : grad_a;
     }
-    if (ctx->needs_input_grad(1)) {
-      grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method), b2.sym_sizes());
-      if (b.dim() == 1) grad_b = grad_b.squeeze(-1);
+    if (should_compute_output(1)) {
+      at::Tensor grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method_), b2.sym_sizes());
+      grad_inputs[1] = b.dim() == 1 ? grad_b.squeeze(-1) : grad_b;
     }
-    return {grad_a, grad_b, at::Tensor()};  // none for `method`
+    return grad_inputs;
   }
 };
 
 at::Tensor corrected_matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
-  refuse_tangent("corrected_matmul", "a", a);
-  refuse_tangent("corrected_matmul", "b", b);
-  if (!at::GradMode::is_enabled() || !(a.requires_grad() || b.requires_grad())) {
-    return corrected_matmul_below_autograd(a, b, method);
+  const auto grad_fn = make_grad_fn<CorrectedMatmulBackward>(a, b);
+  if (grad_fn) {
+    grad_fn->a_ = SavedVariable(a, /*is_output=*/false);
+    grad_fn->b_ = SavedVariable(b, /*is_output=*/false);
+    grad_fn->method_ = std::string(method);
   }
-  refuse_functorch_transform("corrected_matmul");
-  return CorrectedMatmulFunction::apply(a, b, method);
+  at::Tensor out;
+  {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    out = call_corrected_matmul(a, b, method);
+  }
+  if (grad_fn) torch::autograd::set_history(out, grad_fn);
+  const at::Tensor a_t = forward_tangent(a), b_t = forward_tangent(b);
+  if (a_t.defined() || b_t.defined()) {
+    at::Tensor out_t;
+    if (a_t.defined()) out_t = call_corrected_matmul(a_t, forward_primal(b), method);
+    if (b_t.defined()) out_t = add_defined(out_t, call_corrected_matmul(forward_primal(a), b_t, method));
+    out._set_fw_grad(out_t, /*level=*/0, /*is_inplace_op=*/false);
+  }
+  return out;
 }
 
 }  // namespace
