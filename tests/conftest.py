@@ -61,6 +61,14 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture
+def vmap_rules_only():
+    """torch.vmap raises where an op has no batching rule, instead of looping over the samples one call each."""
+    enabled = torch._C._functorch._is_vmap_fallback_enabled()
+    torch._C._functorch._set_vmap_fallback_enabled(False)
+    yield
+    torch._C._functorch._set_vmap_fallback_enabled(enabled)
+
 
 @contextlib.contextmanager
 def float32_matmuls(allow_tf32: bool):

@@ -424,6 +424,33 @@ def test_torch_func_transforms_match_float64(device, gen, transform, with_v):
         assert rel_err(x, y) < 1e-5
 
 
+@pytest.mark.usefixtures("vmap_rules_only")
+@pytest.mark.parametrize("in_dims", [(0, 0), (1, None), (None, 2), (0, "none")], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_vmap_is_one_batched_call(device, gen, dtype, in_dims):
+    """torch.vmap uses the op's batching rule (one call; the fallback that loops over the samples is off), with
+    u or v vmapped alone (the other shared by every sample) or v = None, and gives each sample's result."""
+    batch, sample_shape = 4, (3, 9)
+    u_dim, v_dim = in_dims
+
+    def operand(dim):
+        if dim is None:
+            return random_tensor(gen, sample_shape, "normal", device, dtype)
+        return torch.stack([random_tensor(gen, sample_shape, "normal", device, dtype) for _ in range(batch)], dim)
+
+    u = operand(u_dim)
+    v = None if v_dim == "none" else operand(v_dim)
+    f = lambda x, y: batched_outer(x, y, alpha=1.5, out_dtype=torch.float16)
+    got = torch.func.vmap(f, in_dims=(u_dim, None if v is None else v_dim))(u, v)
+    pick = lambda x, d, i: x if d is None else x.select(d, i)
+    want = torch.stack([_outer64(pick(u, u_dim, i).cpu().double(),
+                                 pick(u if v is None else v, u_dim if v is None else v_dim, i).cpu().double(), 1.5)
+                        for i in range(batch)])
+    assert got.shape == want.shape and got.dtype == torch.float16
+    assert_rounded_reference(got, want, diag_ulps=0 if dtype == torch.float16 else 1,
+                             offdiag_ulps=0 if dtype == torch.float16 else 1)
+
+
 @pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
 @pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
 def test_gradcheck_reverse_forward_and_batched(device, gen, with_v):

@@ -711,6 +711,39 @@ def test_torch_func_transforms_match_float64(device, gen, transform):
         assert rel_err(x, y) < 1e-5
 
 
+# (per-sample shapes of a and b, in_dims): vmapped operands carry the batch of 5 at dimension in_dims[i].
+VMAP_CASES = {
+    "both_2d": (((3, 7), (7, 4)), (0, 0)),
+    "a_only": (((3, 7), (7, 4)), (0, None)),
+    "b_only": (((3, 7), (7, 4)), (None, 0)),
+    "in_dims_1": (((3, 7), (7, 4)), (1, 2)),
+    "1d_2d": (((7,), (7, 4)), (0, None)),
+    "2d_1d": (((3, 7), (7,)), (None, 0)),
+    "1d_1d": (((7,), (7,)), (0, 0)),
+    "batch_ranks_differ": (((2, 3, 3, 7), (7, 4)), (0, 0)),
+    "broadcast_batch": (((2, 1, 3, 7), (6, 7, 4)), (0, 1)),
+}
+
+
+@pytest.mark.usefixtures("vmap_rules_only")
+@pytest.mark.parametrize("case", list(VMAP_CASES))
+def test_vmap_is_one_batched_call(device, gen, case):
+    """torch.vmap uses the op's batching rule (one call; the fallback that loops over the samples is off) and
+    gives each sample's torch.matmul."""
+    shapes, in_dims = VMAP_CASES[case]
+    batch = 5
+    args = []
+    for shape, dim in zip(shapes, in_dims):
+        x = random_tensor(gen, shape, "normal", device)
+        args.append(x if dim is None else torch.stack([random_tensor(gen, shape, "normal", device)
+                                                        for _ in range(batch)], dim))
+    got = torch.func.vmap(corrected_matmul, in_dims=in_dims)(*args)
+    samples = [[x if d is None else x.select(d, i) for x, d in zip(args, in_dims)] for i in range(batch)]
+    want = torch.stack([torch.matmul(x.double(), y.double()) for x, y in samples])
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert rel_err(got, want) < 1e-5
+
+
 @pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
 @pytest.mark.parametrize("case", ["2d", "broadcast", "1d_3d"])
 def test_gradcheck_reverse_forward_and_batched(device, gen, case):
@@ -801,6 +834,25 @@ def test_compile_backward_keeps_shapes_dynamic(device, gen):
     x = random_tensor(gen, (5, 16), "normal", device).requires_grad_()
     torch._dynamo.mark_dynamic(x, 0)  # raises ConstraintViolationError where the backward specializes it
     torch.autograd.grad(torch.compile(loss, fullgraph=True)(x), (x, w1, w2))
+
+
+@pytest.mark.usefixtures("vmap_rules_only")
+def test_compile_fullgraph_of_torch_func_matches_eager(device, gen):
+    """torch.compile(fullgraph=True) traces torch.func.grad, jacfwd (forward over reverse) and vmap of the op."""
+    a = random_tensor(gen, (5, 6, 9), "normal", device)
+    b = random_tensor(gen, (9, 4), "normal", device)
+
+    def loss(x, y):
+        return corrected_matmul(x, y).sin().sum()
+
+    for name, fn, args in [("grad", torch.func.grad(loss, argnums=(0, 1)), (a[0], b)),
+                           ("jacfwd", torch.func.jacfwd(torch.func.grad(loss)), (a[0], b)),
+                           ("vmap", torch.func.vmap(corrected_matmul, in_dims=(0, None)), (a, b))]:
+        torch._dynamo.reset()
+        got = torch.compile(fn, fullgraph=True)(*args)
+        want = fn(*args)
+        for g, w in zip(_leaves(got), _leaves(want)):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @requires_cuda

@@ -1,5 +1,5 @@
 """Python API of the wmmae operators: thin wrappers over torch.ops.wmmae, each with its fake (meta) kernel
-for torch.compile beside it. The autograd of corrected_matmul and batched_outer is
+for torch.compile and its torch.vmap rule beside it. The autograd of corrected_matmul and batched_outer is
 registered in C++ (csrc/ops/*_autograd.cpp): reverse and forward mode, inside torch.func's transforms too."""
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     sums the result is at least as accurate as a one-accumulator float32 GEMM (README, "methods and their
     accuracy"). Differentiable to any order, in reverse mode (``backward``, ``torch.autograd.grad``) and forward
     mode (``torch.autograd.forward_ad``), also under ``torch.func`` (``grad``, ``vjp``, ``jacrev``, ``jvp``,
-    ``jacfwd``, ``hessian``); every derivative is a ``corrected_matmul`` with the same method.
+    ``jacfwd``, ``hessian``); every derivative is a ``corrected_matmul`` with the same method. ``torch.vmap``
+    runs one batched call.
 
     Args:
         method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``
@@ -109,6 +110,34 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     return a.new_empty(shape)
 
 
+@torch.library.register_vmap("wmmae::corrected_matmul")
+def _corrected_matmul_vmap(info, in_dims, a: Tensor, b: Tensor, method: str = "auto"):
+    # One call with the vmapped dimension as the leading batch dimension: matmul's own broadcasting then pairs
+    # the samples. Each sample's 1-D operand is made a matrix first (and the added dimension dropped from the
+    # result), and the batched operands get size-1 batch dimensions after the vmapped one, so that it lines up
+    # in front of every sample's batch dimensions.
+    a_dim, b_dim = in_dims[0], in_dims[1]
+    if a_dim is None and b_dim is None:
+        return torch.ops.wmmae.corrected_matmul.default(a, b, method), None
+    a_rank, b_rank = a.dim() - (a_dim is not None), b.dim() - (b_dim is not None)  # of one sample
+    a = a if a_dim is None else a.movedim(a_dim, 0)
+    b = b if b_dim is None else b.movedim(b_dim, 0)
+    if a_rank == 1:
+        a = a.unsqueeze(-2)
+    if b_rank == 1:
+        b = b.unsqueeze(-1)
+    batch_rank = max(a_rank, b_rank, 2) - 2  # of one sample's result
+    if a_dim is not None:
+        a = a.reshape(a.shape[:1] + (1,) * (batch_rank - (a.dim() - 3)) + a.shape[1:])
+    if b_dim is not None:
+        b = b.reshape(b.shape[:1] + (1,) * (batch_rank - (b.dim() - 3)) + b.shape[1:])
+    out = torch.ops.wmmae.corrected_matmul.default(a, b, method)
+    if a_rank == 1:
+        out = out.squeeze(-2)
+    if b_rank == 1:
+        out = out.squeeze(-1)
+    return out, 0
+
 
 # --------------------------------------------------------------------------------------------------------
 # batched_outer
@@ -130,6 +159,7 @@ def batched_outer(
     Differentiable in ``u`` and ``v``, in reverse and forward mode, also under ``torch.func``'s transforms:
     ``grad_u = g v`` and ``grad_v = g^T u`` for an incoming gradient ``g``, computed in float32 and returned in
     the inputs' dtype; the tangent ``u_t v^T + u v_t^T`` in float32, rounded once to ``out_dtype``.
+    ``torch.vmap`` runs one batched call.
 
     Returns a contiguous tensor of shape ``(..., n, n)``. fp16/bf16 inputs: each element is the exact
     ``u_i v_j`` (plus ``alpha`` on the diagonal) rounded once to float32, then to ``out_dtype`` if that is
@@ -163,6 +193,18 @@ def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.
     torch._check(dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'out_dtype' must be float32, float16 or bfloat16, got {dtype}")
     return u.new_empty((*u.shape, u.shape[-1]), dtype=dtype)
 
+
+@torch.library.register_vmap("wmmae::batched_outer")
+def _batched_outer_vmap(info, in_dims, u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.0, out_dtype=None):
+    # The vmapped dimension as the leading batch dimension of one call; an operand that is not vmapped is
+    # expanded to the batch size (u and v must have the same shape).
+    u_dim, v_dim = in_dims[0], in_dims[1]
+    if u_dim is None and v_dim is None:
+        return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype), None
+    u = u.expand(info.batch_size, *u.shape) if u_dim is None else u.movedim(u_dim, 0)
+    if v is not None:
+        v = v.expand(info.batch_size, *v.shape) if v_dim is None else v.movedim(v_dim, 0)
+    return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype), 0
 
 
 # --------------------------------------------------------------------------------------------------------
