@@ -451,6 +451,18 @@ def test_vmap_is_one_batched_call(device, gen, dtype, in_dims):
                              offdiag_ulps=0 if dtype == torch.float16 else 1)
 
 
+@pytest.mark.usefixtures("vmap_rules_only")
+def test_vmap_with_default_arguments_and_bad_samples(device, gen):
+    """vmap of the plain call (the rule sees only the arguments given), and each sample's shapes checked with the
+    op's messages: a sample's 0-d u is not taken for the vmapped vector, nor a v of another length."""
+    u = random_tensor(gen, (4, 6), "normal", device)
+    assert torch.equal(torch.func.vmap(batched_outer)(u), batched_outer(u))
+    with pytest.raises(RuntimeError, match=r"batched_outer: argument 'u' must have shape \(\.\.\., n\), got a 0-d tensor"):
+        torch.func.vmap(batched_outer)(u[:, 0])
+    with pytest.raises(RuntimeError, match=r"batched_outer: argument 'v' must have the shape of 'u' \[6\], got \[5\]"):
+        torch.func.vmap(batched_outer, in_dims=(0, None))(u, u[0, :5])
+
+
 @pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
 @pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
 def test_gradcheck_reverse_forward_and_batched(device, gen, with_v):

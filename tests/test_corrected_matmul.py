@@ -744,6 +744,17 @@ def test_vmap_is_one_batched_call(device, gen, case):
     assert rel_err(got, want) < 1e-5
 
 
+@pytest.mark.usefixtures("vmap_rules_only")
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_vmap_refuses_a_samples_0d_operand(device, gen, operand):
+    """A sample's 0-d operand gets the op's message, not taken for the vmapped vector (torch.matmul refuses it)."""
+    vectors = random_tensor(gen, (5,), "normal", device)
+    matrix = random_tensor(gen, (5, 3), "normal", device)
+    args, in_dims = ((vectors, matrix), (0, None)) if operand == "a" else ((matrix.t(), vectors), (None, 0))
+    with pytest.raises(RuntimeError, match=rf"corrected_matmul: argument '{operand}' must have at least 1 dimension, got a 0-d tensor"):
+        torch.func.vmap(corrected_matmul, in_dims=in_dims)(*args)
+
+
 @pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
 @pytest.mark.parametrize("case", ["2d", "broadcast", "1d_3d"])
 def test_gradcheck_reverse_forward_and_batched(device, gen, case):
