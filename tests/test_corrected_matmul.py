@@ -866,6 +866,31 @@ def test_compile_fullgraph_of_torch_func_matches_eager(device, gen):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_runs_in_float32(device, gen, dtype):
+    """Inside torch.autocast the op runs in float32, as autocast runs PyTorch's precision-sensitive ops: a 16-bit
+    operand (a previous layer's output, say) is cast exactly, and the result, eager and compiled, and the
+    gradients are those of the float32 call (a's in its own dtype); float64 is still refused."""
+    a = random_tensor(gen, (2, 9, 40), "normal", device).to(dtype).requires_grad_()
+    b = random_tensor(gen, (40, 7), "normal", device).requires_grad_()
+    g = random_tensor(gen, (2, 9, 7), "normal", device)
+    torch._dynamo.reset()
+    with deterministic(), torch.autocast(device_type=device, dtype=dtype):
+        out = corrected_matmul(a, b)
+        compiled = torch.compile(lambda x, y: corrected_matmul(x, y) * 1.0, fullgraph=True)(a.detach(), b.detach())
+        with pytest.raises(RuntimeError, match=r"corrected_matmul: argument 'a' must be float32, got Double"):
+            corrected_matmul(a.detach().double(), b)
+    grads = torch.autograd.grad(out, (a, b), g)
+    a32, b32 = a.detach().float().requires_grad_(), b.detach().clone().requires_grad_()
+    with deterministic():
+        want = corrected_matmul(a32, b32)
+    want_grads = torch.autograd.grad(want, (a32, b32), g)
+    assert out.dtype == compiled.dtype == torch.float32
+    assert torch.equal(out, want) and torch.equal(compiled, want)
+    assert grads[0].dtype == dtype and torch.equal(grads[0], want_grads[0].to(dtype))
+    assert torch.equal(grads[1], want_grads[1])
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_compile_reduce_overhead_cuda_graphs(gen):

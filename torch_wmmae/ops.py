@@ -53,7 +53,8 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     """Float32 matrix product on tensor cores with error correction: ``torch.matmul(a, b)`` at FP32 accuracy.
 
     Shapes follow :func:`torch.matmul` (1-D, 2-D, batched, broadcast batch dimensions); both operands must be
-    float32 on the same device. The result is a contiguous float32 tensor.
+    float32 on the same device (inside ``torch.autocast``, float16 and bfloat16 operands are cast to float32).
+    The result is a contiguous float32 tensor.
 
     Each fp32 value is split into a high part and a residual that tensor cores multiply; three products per
     k-step (the residual-times-residual term is dropped) recover fp32 accuracy: each product keeps 22 of its
@@ -108,6 +109,13 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)
+
+
+# Under torch.autocast the op runs in float32, as autocast runs PyTorch's own precision-sensitive ops: its 16-bit
+# operands (a previous layer's output, say) are cast to float32, exactly; float64 is still refused. Outside
+# autocast a 16-bit operand is an error, as before.
+for _device_type in ("cuda", "cpu"):
+    torch.library.register_autocast("wmmae::corrected_matmul", _device_type, torch.float32)
 
 
 @torch.library.register_vmap("wmmae::corrected_matmul")
