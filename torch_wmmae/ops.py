@@ -111,28 +111,6 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     return a.new_empty(shape)
 
 
-# Under torch.autocast the op runs in float32, as autocast runs PyTorch's own precision-sensitive ops: its 16-bit
-# operands (a previous layer's output, say) are cast to float32, exactly; float64 is still refused. Outside
-# autocast a 16-bit operand is an error, as before. (Not torch.library.register_autocast: for an op defined in
-# C++, torch 2.11 gives both autocast keys the Python kernel of the last device type registered, which casts
-# only tensors of that device, so that CUDA operands went uncast under torch.compile.)
-_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.AutocastCUDA)
-
-
-def _corrected_matmul_autocast(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
-    def to_float32(t: Tensor) -> Tensor:
-        return t.to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t
-
-    with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
-        return torch.ops.wmmae.corrected_matmul.default(to_float32(a), to_float32(b), method)
-
-
-_autocast_lib = torch.library.Library("wmmae", "FRAGMENT")
-for _key in ("AutocastCUDA", "AutocastCPU"):
-    _autocast_lib.impl("corrected_matmul", _corrected_matmul_autocast, _key)
-
-
 @torch.library.register_vmap("wmmae::corrected_matmul")
 def _corrected_matmul_vmap(info, in_dims, a: Tensor, b: Tensor, method: str = "auto"):
     # One call with the vmapped dimension as the leading batch dimension: matmul's own broadcasting then pairs

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <torch_wmmae/ops.h>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
@@ -64,6 +65,20 @@ void check_device(const at::Device& device) {
     const double err_b = rel_err(gb.grad().cpu(), a.cpu().to(at::kDouble).t().matmul(grad64));
     check(ga.grad().sizes() == a.sizes() && gb.grad().sizes() == b.sizes() && err_a < 1e-5 && err_b < 1e-5,
           "corrected_matmul backward" + on + ": rel err " + sci(err_a) + ", " + sci(err_b));
+  }
+  {
+    // Under autocast (the op's autocast kernel is C++ too) a bfloat16 operand is cast to float32: the float32
+    // call's result. (Deterministic: no split of K, whose atomics would sum in any order.)
+    const at::Tensor a16 = a.to(at::kBFloat16);
+    at::globalContext().setDeterministicAlgorithms(true, false);
+    at::autocast::set_autocast_enabled(device.type(), true);
+    at::autocast::set_autocast_dtype(device.type(), at::kBFloat16);
+    const at::Tensor c = torch_wmmae::corrected_matmul(a16, b, "auto");
+    at::autocast::set_autocast_enabled(device.type(), false);
+    at::autocast::clear_cache();
+    const at::Tensor want = torch_wmmae::corrected_matmul(a16.to(at::kFloat), b, "auto");
+    at::globalContext().setDeterministicAlgorithms(false, false);
+    check(c.scalar_type() == at::kFloat && at::equal(c, want), "corrected_matmul under autocast: bfloat16 cast to float32" + on);
   }
   const at::Tensor u = torch::randn({9, 31}).to(at::kHalf).to(device);
   const at::Tensor p = torch_wmmae::batched_outer(u, std::nullopt, 0.0);
