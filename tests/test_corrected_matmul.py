@@ -745,6 +745,39 @@ def test_vmap_is_one_batched_call(device, gen, case):
 
 
 @pytest.mark.usefixtures("vmap_rules_only")
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_st_matmul_case(), batch=st.integers(1, 3), where=st.tuples(st.integers(-1, 4), st.integers(-1, 4)))
+def test_vmap_random_shapes_follow_torch_matmul(device, case, batch, where):
+    """The batching rule over the property test's random per-sample shapes (1-D, broadcast batch dimensions,
+    0-sized ones, transposed storage), each operand vmapped at a random dimension or not at all (-1): every
+    sample obeys the dot-product bound against its own torch.matmul, and where torch.matmul refuses a sample,
+    the vmapped call is refused too."""
+    a_shape, b_shape, ta, tb, method, seed = case
+    gen = torch.Generator().manual_seed(seed)
+    where = (max(where[0], 0), where[1]) if max(where) < 0 else where  # (vmap needs one batched input)
+    in_dims, operands = [], []
+    for shape, reversed_order, w in ((a_shape, ta, where[0]), (b_shape, tb, where[1])):
+        dim = None if w < 0 else w % (len(shape) + 1)
+        samples = [random_tensor_in_layout(shape, reversed_order, gen, device) for _ in range(batch if dim is not None else 1)]
+        in_dims.append(dim)
+        operands.append(samples[0] if dim is None else torch.stack(samples, dim))
+    pick = lambda x, d, i: x if d is None else x.select(d, i)
+    try:
+        for i in range(batch):
+            torch.matmul(pick(operands[0], in_dims[0], i), pick(operands[1], in_dims[1], i))
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            torch.func.vmap(lambda x, y: corrected_matmul(x, y, method=method), in_dims=tuple(in_dims))(*operands)
+        return
+    out = torch.func.vmap(lambda x, y: corrected_matmul(x, y, method=method), in_dims=tuple(in_dims))(*operands)
+    assert out.shape[0] == batch
+    for i in range(batch):
+        a_i, b_i = (pick(x, d, i) for x, d in zip(operands, in_dims))
+        assert_matmul_within_dot_product_bound(out[i], a_i, b_i, f"sample {i}: ")
+
+
+@pytest.mark.usefixtures("vmap_rules_only")
 @pytest.mark.parametrize("operand", ["a", "b"])
 def test_vmap_refuses_a_samples_0d_operand(device, gen, operand):
     """A sample's 0-d operand gets the op's message, not taken for the vmapped vector (torch.matmul refuses it)."""
