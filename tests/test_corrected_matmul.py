@@ -788,6 +788,18 @@ def test_vmap_refuses_a_samples_0d_operand(device, gen, operand):
         torch.func.vmap(corrected_matmul, in_dims=in_dims)(*args)
 
 
+@pytest.mark.usefixtures("vmap_rules_only")
+def test_vmap_errors_name_a_samples_shapes(device, gen):
+    """The batching rule runs the op's checks on one sample's shapes: its messages name those, not the batched
+    shapes of the call it makes."""
+    a = random_tensor(gen, (3, 4, 5), "normal", device)
+    with pytest.raises(RuntimeError, match=r"inner dimensions do not match: 'a' has shape \[4, 5\] and 'b' has shape \[6, 2\]"):
+        torch.func.vmap(corrected_matmul, in_dims=(0, None))(a, random_tensor(gen, (6, 2), "normal", device))
+    with pytest.raises(RuntimeError, match=r"the batch dimensions of 'a' \[2\] and 'b' \[3\] do not broadcast"):
+        torch.func.vmap(corrected_matmul)(random_tensor(gen, (3, 2, 4, 5), "normal", device),
+                                          random_tensor(gen, (3, 3, 5, 2), "normal", device))
+
+
 @pytest.mark.filterwarnings("ignore:Input #. requires gradient and is not a double precision")
 @pytest.mark.parametrize("case", ["2d", "broadcast", "1d_3d"])
 def test_gradcheck_reverse_forward_and_batched(device, gen, case):

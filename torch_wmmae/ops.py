@@ -46,6 +46,13 @@ if _JaggedNestedTensor is not None:
         torch.library.register_torch_dispatch(_op, _JaggedNestedTensor, _refuse_jagged)
 
 
+def _sample(x: Tensor, dim: Optional[int]) -> Tensor:
+    """A shape-only (meta) tensor of one sample of x, vmapped at dim (None: not vmapped), for a vmap rule to
+    run its op's fake-kernel checks on the shapes of a sample."""
+    shape = x.shape if dim is None else x.shape[:dim] + x.shape[dim + 1:]
+    return x.new_empty(shape, device="meta")
+
+
 # --------------------------------------------------------------------------------------------------------
 # corrected_matmul
 # --------------------------------------------------------------------------------------------------------
@@ -120,10 +127,10 @@ def _corrected_matmul_vmap(info, in_dims, a: Tensor, b: Tensor, method: str = "a
     a_dim, b_dim = in_dims[0], in_dims[1]
     if a_dim is None and b_dim is None:
         return torch.ops.wmmae.corrected_matmul.default(a, b, method), None
+    # The op's checks on one sample's shapes, with its messages: the call below sees only the batched ones (and
+    # would take a sample's 0-d operand for the vmapped vector itself).
+    _corrected_matmul_fake(_sample(a, a_dim), _sample(b, b_dim), method)
     a_rank, b_rank = a.dim() - (a_dim is not None), b.dim() - (b_dim is not None)  # of one sample
-    # (a sample's 0-d operand would pass as the vmapped vector itself)
-    torch._check(a_rank >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
-    torch._check(b_rank >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
     a = a if a_dim is None else a.movedim(a_dim, 0)
     b = b if b_dim is None else b.movedim(b_dim, 0)
     if a_rank == 1:
@@ -205,13 +212,9 @@ def _batched_outer_vmap(info, in_dims, u: Tensor, v: Optional[Tensor] = None, al
     u_dim, v_dim = in_dims[0], in_dims[1] if len(in_dims) > 1 else None  # (in_dims omits arguments left at default)
     if u_dim is None and v_dim is None:
         return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype), None
-    # A sample's shapes, checked here: after the expansion below the op would see only the batched ones (and a
-    # sample's 0-d u would pass as the vmapped vector itself).
-    u_shape = u.shape if u_dim is None else u.shape[:u_dim] + u.shape[u_dim + 1:]
-    torch._check(len(u_shape) >= 1, lambda: "batched_outer: argument 'u' must have shape (..., n), got a 0-d tensor")
-    if v is not None:
-        v_shape = v.shape if v_dim is None else v.shape[:v_dim] + v.shape[v_dim + 1:]
-        torch._check(v_shape == u_shape, lambda: f"batched_outer: argument 'v' must have the shape of 'u' {list(u_shape)}, got {list(v_shape)}")
+    # The op's checks on one sample's shapes, with its messages: after the expansion below the op would see only
+    # the batched ones (and would take a sample's 0-d u for the vmapped vector itself).
+    _batched_outer_fake(_sample(u, u_dim), None if v is None else _sample(v, v_dim), alpha, out_dtype)
     u = u.expand(info.batch_size, *u.shape) if u_dim is None else u.movedim(u_dim, 0)
     if v is not None:
         v = v.expand(info.batch_size, *v.shape) if v_dim is None else v.movedim(v_dim, 0)
