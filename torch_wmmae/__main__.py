@@ -1,7 +1,9 @@
 """Self-check: ``python -m torch_wmmae``.
 
 Runs every operator on fresh random data against independent references (float64 results, torch.matmul in
-float32 with TF32 off, the analytic fragment tables), prints a table, and exits non-zero if any check fails.
+float32 with TF32 off, the analytic fragment tables), and the derivatives of corrected_matmul and batched_outer
+(reverse and forward mode, torch.vmap) against those of the float64 products; prints a table, and exits
+non-zero if any check fails.
 On a GPU (with a build that has the CUDA kernels) it also times corrected_matmul against torch's float32
 matmul. Without one it runs the CPU implementations on small sizes, in seconds.
 """
@@ -217,6 +219,53 @@ def check_batched_outer(rep, device, g):
 
 
 # --------------------------------------------------------------------------------------------------------
+# derivatives
+# --------------------------------------------------------------------------------------------------------
+def check_derivatives(rep, device, g):
+    """Reverse and forward mode and torch.vmap of both ops (their C++ autograd and batching rules), against the
+    same derivatives of the float64 products."""
+    a, ta = (gen_tensor(g, (6, 5, 40), "N(0,1)", device) for _ in range(2))
+    b, tb = (gen_tensor(g, (40, 7), "N(0,1)", device) for _ in range(2))
+    u, tu = (gen_tensor(g, (6, 24), "N(0,1)", device) for _ in range(2))
+    grad_out, grad_outer = gen_tensor(g, (6, 5, 7), "N(0,1)", device), gen_tensor(g, (6, 24, 24), "N(0,1)", device)
+    a64, b64, ta64, tb64, u64, tu64 = (x.double() for x in (a, b, ta, tb, u, tu))
+    outer64 = lambda x, y: x.unsqueeze(-1) * y.unsqueeze(-2)
+
+    def worst(pairs):
+        return max(rel_err(x, ref) for x, ref in pairs)
+
+    def reverse():
+        x, y, w = a.clone().requires_grad_(), b.clone().requires_grad_(), u.clone().requires_grad_()
+        ga, gb = torch.autograd.grad(corrected_matmul(x, y), (x, y), grad_out)
+        (gu,) = torch.autograd.grad(batched_outer(w), w, grad_outer)
+        g64 = grad_outer.double()
+        err = worst([(ga, grad_out.double() @ b64.t()), (gb, (a64.transpose(-1, -2) @ grad_out.double()).sum(0)),
+                     (gu, ((g64 + g64.mT) * u64.unsqueeze(-2)).sum(-1))])
+        return err < 1e-5, f"gradients of both ops: rel err {err:.2e} (limit 1e-5)"
+
+    def forward():
+        _, t = torch.func.jvp(corrected_matmul, (a, b), (ta, tb))
+        _, tw = torch.func.jvp(lambda x: batched_outer(x), (u,), (tu,))
+        err = worst([(t, ta64 @ b64 + a64 @ tb64), (tw, outer64(tu64, u64) + outer64(u64, tu64))])
+        return err < 1e-5, f"tangents of both ops (torch.func.jvp): rel err {err:.2e} (limit 1e-5)"
+
+    def vmapped():
+        fallback = torch._C._functorch._is_vmap_fallback_enabled()
+        torch._C._functorch._set_vmap_fallback_enabled(False)  # (so the rules, not a loop over the samples)
+        try:
+            out = torch.func.vmap(corrected_matmul, in_dims=(0, None))(a, b)
+            outer = torch.func.vmap(lambda x: batched_outer(x))(u)
+        finally:
+            torch._C._functorch._set_vmap_fallback_enabled(fallback)
+        err = worst([(out, a64 @ b64), (outer, outer64(u64, u64))])
+        return err < 1e-5, f"torch.vmap of both ops (batching rules): rel err {err:.2e} (limit 1e-5)"
+
+    rep.run("derivatives", "reverse mode", reverse)
+    rep.run("derivatives", "forward mode", forward)
+    rep.run("derivatives", "vmap", vmapped)
+
+
+# --------------------------------------------------------------------------------------------------------
 # fragment_map
 # --------------------------------------------------------------------------------------------------------
 def fragment_types():
@@ -321,6 +370,7 @@ def main(argv=None) -> int:
         size = (2048, 2048, 2048) if device == "cuda" else (96, 80, 1024)
         check_corrected_matmul(rep, device, g, size)
         check_batched_outer(rep, device, g)
+        check_derivatives(rep, device, g)
         if device == "cuda":
             check_fragment_map_gpu(rep)
         check_fragment_map_cpu(rep)
