@@ -12,11 +12,12 @@
 namespace torch_wmmae {
 
 // float32 matmul on tensor cores with error correction; torch.matmul's shape rules.
-// method: "auto" (default), "fp16" or "tf32". Differentiable: its autograd is registered in C++ too.
+// method: "auto" (default), "fp16" or "tf32". Differentiable (reverse and forward mode: the autograd is
+// registered in C++ too); under at::autocast, float16 and bfloat16 operands are cast to float32.
 at::Tensor corrected_matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view method = "auto");
 
 // out[..., :, :] = u v^T + alpha * I; u, v of shape (..., n), float16, bfloat16 or float32; v defaults to u;
-// out_dtype float32 (default), float16 or bfloat16.
+// out_dtype float32 (default), float16 or bfloat16. Differentiable in u and v (reverse and forward mode).
 at::Tensor batched_outer(const at::Tensor& u, const std::optional<at::Tensor>& v = std::nullopt, double alpha = 0.0,
                          std::optional<at::ScalarType> out_dtype = std::nullopt);
 
