@@ -13,7 +13,6 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <memory>
-#include <utility>
 
 namespace wmmae_ops {
 

@@ -11,27 +11,18 @@
 //
 // In C++ for the reasons given in corrected_matmul_autograd.cpp: a call that records no gradient only
 // redispatches, and LibTorch programs get the gradients too.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <optional>
 
 #include "autograd_support.hpp"
+#include "op_calls.hpp"
 
 namespace wmmae_ops {
 namespace {
 
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
-
-at::Tensor call_batched_outer(const at::Tensor& u, const std::optional<at::Tensor>& v, double alpha,
-                              std::optional<at::ScalarType> out_dtype) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("wmmae::batched_outer", "")
-                             .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double,
-                                               std::optional<at::ScalarType>)>();
-  return op.call(u, v, alpha, out_dtype);
-}
 
 // g (..., n, n) times x (..., n) as a column: (..., n), in float32.
 at::Tensor times_vector(const at::Tensor& g, const at::Tensor& x) {

@@ -7,9 +7,10 @@
 // in C++, gives both autocast keys the Python kernel of the last device type registered (torch 2.11), which
 // casts only that device's tensors: CUDA operands went uncast under torch.compile.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+
+#include "op_calls.hpp"
 
 namespace wmmae_ops {
 namespace {
@@ -20,11 +21,8 @@ at::Tensor to_float32(const at::Tensor& t) {
 }
 
 at::Tensor corrected_matmul_autocast(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("wmmae::corrected_matmul", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return op.call(to_float32(a), to_float32(b), method);
+  return call_corrected_matmul(to_float32(a), to_float32(b), method);
 }
 
 }  // namespace

@@ -9,26 +9,18 @@
 // decides the speed of small products. Here a call that records no gradient only redispatches, and LibTorch
 // programs get the gradients as well.
 #include <ATen/ExpandUtils.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <string>
-#include <utility>
 
 #include "autograd_support.hpp"
+#include "op_calls.hpp"
 
 namespace wmmae_ops {
 namespace {
 
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
-
-at::Tensor call_corrected_matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("wmmae::corrected_matmul", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(a, b, method);
-}
 
 struct CorrectedMatmulBackward : public torch::autograd::Node {
   SavedVariable a_, b_;
