@@ -30,7 +30,7 @@ at::Tensor times_vector(const at::Tensor& g, const at::Tensor& x) {
 }
 
 struct BatchedOuterBackward : public torch::autograd::Node {
-  SavedVariable u_, v_;  // v_ holds u where the call had no v
+  SavedVariable u_, v_;  // v_ only where the call had a v (v = None: v is u, saved once)
   bool v_is_u_ = false;
 
   std::string name() const override { return "BatchedOuterBackward"; }
@@ -43,7 +43,6 @@ struct BatchedOuterBackward : public torch::autograd::Node {
     const at::Tensor& g = grad_outputs[0];
     if (!g.defined()) return grad_inputs;
     const at::Tensor u = u_.unpack(shared_from_this());
-    const at::Tensor v = v_.unpack(shared_from_this());
     if (v_is_u_) {
       if (should_compute_output(0)) {
         const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
@@ -51,6 +50,7 @@ struct BatchedOuterBackward : public torch::autograd::Node {
       }
       return grad_inputs;
     }
+    const at::Tensor v = v_.unpack(shared_from_this());
     if (should_compute_output(0)) grad_inputs[0] = times_vector(g, v).to(u.scalar_type());
     if (should_compute_output(1)) grad_inputs[1] = times_vector(g.transpose(-1, -2), u).to(v.scalar_type());
     return grad_inputs;
@@ -63,7 +63,7 @@ at::Tensor batched_outer_autograd(const at::Tensor& u, const std::optional<at::T
   const auto grad_fn = v.has_value() ? make_grad_fn<BatchedOuterBackward>(u, *v) : make_grad_fn<BatchedOuterBackward>(u);
   if (grad_fn) {
     grad_fn->u_ = SavedVariable(u, /*is_output=*/false);
-    grad_fn->v_ = SavedVariable(v.value_or(u), /*is_output=*/false);
+    if (v.has_value()) grad_fn->v_ = SavedVariable(*v, /*is_output=*/false);
     grad_fn->v_is_u_ = !v.has_value();
   }
   at::Tensor out;
@@ -72,10 +72,9 @@ at::Tensor batched_outer_autograd(const at::Tensor& u, const std::optional<at::T
     out = call_batched_outer(u, v, alpha, out_dtype);
   }
   if (grad_fn) torch::autograd::set_history(out, grad_fn);
-  const at::Tensor& v_or_u = v.has_value() ? *v : u;
   const at::Tensor u_t = forward_tangent(u), v_t = v.has_value() ? forward_tangent(*v) : u_t;
   if (u_t.defined() || v_t.defined()) {
-    const at::Tensor u_p = forward_primal(u), v_p = forward_primal(v_or_u);
+    const at::Tensor u_p = forward_primal(u), v_p = v.has_value() ? forward_primal(*v) : u_p;
     at::Tensor out_t;  // in float32, rounded once below
     if (u_t.defined()) out_t = call_batched_outer(u_t, v_p, 0.0, at::kFloat);
     if (v_t.defined()) out_t = add_defined(out_t, call_batched_outer(u_p, v_t, 0.0, at::kFloat));
