@@ -61,6 +61,25 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+# torch.func's transforms of a scalar function f(x, y) of two tensors, differentiated in both; hessian, jacfwd and
+# jacrev of jacrev take second derivatives (forward over reverse, reverse over reverse). The derivative tests of
+# both ops apply each to the op and to its float64 reference.
+TORCH_FUNC_TRANSFORMS = {
+    "grad": lambda f: torch.func.grad(f, argnums=(0, 1)),
+    "vjp": lambda f: lambda x, y: torch.func.vjp(f, x, y)[1](torch.ones((), dtype=x.dtype, device=x.device)),
+    "jacrev": lambda f: torch.func.jacrev(f, argnums=(0, 1)),
+    "jacfwd": lambda f: torch.func.jacfwd(f, argnums=(0, 1)),
+    "hessian": lambda f: torch.func.hessian(f, argnums=(0, 1)),
+    "jacrev_of_jacrev": lambda f: torch.func.jacrev(torch.func.jacrev(f, argnums=(0, 1)), argnums=(0, 1)),
+    "jvp": lambda f: lambda x, y: torch.func.jvp(f, (x, y), (torch.ones_like(x), torch.ones_like(y))),
+}
+
+
+def leaves(tree) -> list:
+    """The tensors of a (nested) result, such as a transform's tuples of derivatives, in order."""
+    return torch.utils._pytree.tree_leaves(tree)
+
+
 @pytest.fixture
 def vmap_rules_only():
     """torch.vmap raises where an op has no batching rule, instead of looping over the samples one call each."""

@@ -10,7 +10,7 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import U32, float32_matmuls, random_tensor, rel_err, requires_cuda
+from conftest import TORCH_FUNC_TRANSFORMS, U32, float32_matmuls, leaves, random_tensor, rel_err, requires_cuda
 from hardening import assert_outer_correct, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
@@ -387,17 +387,6 @@ def test_forward_mode_matches_float64(device, gen, dtype, with_v, out_dtype):
         _assert_gradient_close(tangent, want, magnitude, 2)
 
 
-# Each transform of a function of two tensors (see _transformed_loss), differentiated in both; hessian and
-# jacfwd nest forward mode over reverse mode.
-TORCH_FUNC_TRANSFORMS = {
-    "grad": lambda f: torch.func.grad(f, argnums=(0, 1)),
-    "jacrev": lambda f: torch.func.jacrev(f, argnums=(0, 1)),
-    "jacfwd": lambda f: torch.func.jacfwd(f, argnums=(0, 1)),
-    "hessian": lambda f: torch.func.hessian(f, argnums=(0, 1)),
-    "jvp": lambda f: lambda x, y: torch.func.jvp(f, (x, y), (torch.ones_like(x), torch.ones_like(y))),
-}
-
-
 def _transformed_loss(outer, with_v):
     """f(u, w) = sum(cos(u w^T + 0.5 I)), or with v = None f(u, w) = sum(cos((u u^T + 0.5 I) * w as a column))."""
     if with_v:
@@ -417,9 +406,8 @@ def test_torch_func_transforms_match_float64(device, gen, transform, with_v):
     want = TORCH_FUNC_TRANSFORMS[transform](
         _transformed_loss(lambda x, y, alpha: _outer64(x, x if y is None else y, alpha), with_v))(
             u.cpu().double(), w.cpu().double())
-    leaves, want_leaves = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
-    assert len(leaves) == len(want_leaves) >= 2
-    for x, y in zip(leaves, want_leaves):
+    assert len(leaves(got)) == len(leaves(want)) >= 2
+    for x, y in zip(leaves(got), leaves(want)):
         assert x.shape == y.shape and x.dtype == torch.float32 and x.device.type == device
         assert rel_err(x, y) < 1e-5
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, U32, deterministic, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, U32, deterministic, leaves, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -680,23 +680,6 @@ def test_forward_mode_matches_float64(device, gen, method, case):
         assert rel_err(tangent, want) < 1e-5
 
 
-# Each transform of f(a, b) = sum(sin(a @ b)), differentiated in both arguments; hessian and jacfwd nest
-# forward mode over reverse mode.
-TORCH_FUNC_TRANSFORMS = {
-    "grad": lambda f: torch.func.grad(f, argnums=(0, 1)),
-    "vjp": lambda f: lambda a, b: torch.func.vjp(f, a, b)[1](torch.ones((), dtype=a.dtype, device=a.device)),
-    "jacrev": lambda f: torch.func.jacrev(f, argnums=(0, 1)),
-    "jacfwd": lambda f: torch.func.jacfwd(f, argnums=(0, 1)),
-    "hessian": lambda f: torch.func.hessian(f, argnums=(0, 1)),
-    "jacrev_of_jacrev": lambda f: torch.func.jacrev(torch.func.jacrev(f, argnums=(0, 1)), argnums=(0, 1)),
-    "jvp": lambda f: lambda a, b: torch.func.jvp(f, (a, b), (torch.ones_like(a), torch.ones_like(b))),
-}
-
-
-def _leaves(tree):
-    return torch.utils._pytree.tree_leaves(tree)
-
-
 @pytest.mark.parametrize("transform", list(TORCH_FUNC_TRANSFORMS))
 def test_torch_func_transforms_match_float64(device, gen, transform):
     """torch.func's transforms run the autograd kernel inside their own layers; every derivative (second
@@ -705,8 +688,8 @@ def test_torch_func_transforms_match_float64(device, gen, transform):
     b = random_tensor(gen, (7, 4), "normal", device)
     got = TORCH_FUNC_TRANSFORMS[transform](lambda x, y: corrected_matmul(x, y).sin().sum())(a, b)
     want = TORCH_FUNC_TRANSFORMS[transform](lambda x, y: torch.matmul(x, y).sin().sum())(a.double(), b.double())
-    assert len(_leaves(got)) == len(_leaves(want)) >= 2
-    for x, y in zip(_leaves(got), _leaves(want)):
+    assert len(leaves(got)) == len(leaves(want)) >= 2
+    for x, y in zip(leaves(got), leaves(want)):
         assert x.shape == y.shape and x.dtype == torch.float32
         assert rel_err(x, y) < 1e-5
 
@@ -907,7 +890,7 @@ def test_compile_fullgraph_of_torch_func_matches_eager(device, gen):
         torch._dynamo.reset()
         got = torch.compile(fn, fullgraph=True)(*args)
         want = fn(*args)
-        for g, w in zip(_leaves(got), _leaves(want)):
+        for g, w in zip(leaves(got), leaves(want)):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)
 
 
