@@ -1,4 +1,5 @@
-"""The ops in exported programs: torch.export (static and dynamic shapes, save and load) and AOTInductor.
+"""The ops in exported programs: torch.export (static and dynamic shapes, save and load), draft_export and
+AOTInductor.
 
 An exported program calls the ops' real kernels, so its results must be the eager results, bit for bit (in
 deterministic mode, where corrected_matmul does not split K over atomics), also for shapes other than the traced
@@ -62,6 +63,49 @@ def test_exported_program_matches_eager(device, gen, tmp_path):
             for m, k, batch in [(9, 40, 5), (17, 3, 12), (130, 1000, 2)]:  # the traced shape and two others
                 args = _inputs(gen, device, m, k, batch)
                 _assert_same_bits(exported.module()(*args), AllOps()(*args))
+
+
+class DraftExportable(torch.nn.Module):
+    """AllOps less what torch 2.11's draft_export cannot take (see test_draft_export_outer_without_v)."""
+
+    def forward(self, a, b, u):
+        return (
+            torch_wmmae.corrected_matmul(a, b, method="fp16").relu(),
+            torch_wmmae.corrected_matmul(a, b),
+            torch_wmmae.batched_outer(u, u.flip(-1), alpha=-1.0, out_dtype=torch.float16),
+            torch_wmmae.batched_outer(u),
+            torch_wmmae.batched_outer(u, u, alpha=0.5),  # the README's stand-in for batched_outer(u, alpha=0.5)
+            torch_wmmae.fragment_map("matrix_a", 16, 16, 16, "half", "row_major", arch=80),
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_draft_export_matches_eager(device, gen):
+    """draft_export runs the real kernels beside the fake ones and reports where they disagree."""
+    traced = _inputs(gen, device, 9, 40, 5)
+    with deterministic():
+        program = torch.export.draft_export(DraftExportable(), traced, dynamic_shapes=DYNAMIC)
+        assert program._report.successful(), program._report
+        for m, k, batch in [(9, 40, 5), (17, 3, 12)]:
+            args = _inputs(gen, device, m, k, batch)
+            got = program.module()(*args)
+            _assert_same_bits(got, DraftExportable()(*args))
+            assert torch.equal(got[4], OuterWithoutV()(args[2]))
+
+
+class OuterWithoutV(torch.nn.Module):
+    def forward(self, u):
+        return torch_wmmae.batched_outer(u, alpha=0.5)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="torch 2.11's draft_export takes an optional tensor "
+                   "argument passed as None, with a later argument set, for a mutated one (MutationChecker in "
+                   "torch/_library/utils.py; a plain torch.library op of the same schema fails the same way): "
+                   "PyTorch's, README 'torch.compile'")
+def test_draft_export_outer_without_v(gen):
+    u = random_tensor(gen, (5, 16), "normal", "cpu")
+    program = torch.export.draft_export(OuterWithoutV(), (u,))
+    torch.testing.assert_close(program.module()(u), OuterWithoutV()(u), rtol=0, atol=0)
 
 
 class Compilable(torch.nn.Module):
