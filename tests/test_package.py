@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import os
-import pathlib
-import re
-import runpy
 import subprocess
 import sys
 
@@ -13,7 +10,7 @@ import torch
 
 import torch_wmmae
 
-from conftest import DEVICES, HAS_CUDA, child_process_env
+from conftest import HAS_CUDA, child_process_env
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -64,28 +61,3 @@ def test_self_check_module_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "torch" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
 
-
-def _readme_python_blocks() -> list[str]:
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_readme_examples_run(device, tmp_path):
-    """README's Python examples, run as written (on the CPU with "cuda" read as "cpu", less the line that measures
-    the GPU's fragment layout), and what their comments say of the results."""
-    code = "\n".join(_readme_python_blocks())
-    if device == "cpu":
-        code = "\n".join(line for line in code.splitlines() if not ("fragment_map(" in line and "device=" in line))
-        code = code.replace('"cuda"', '"cpu"')
-    script = tmp_path / "readme_examples.py"  # (a file of their own: torch.compile reads the source of f)
-    script.write_text(code)
-    scope = runpy.run_path(str(script))
-    assert scope["c"].dtype == torch.float32 and scope["c"].device.type == device  # the autocast line's result
-    assert scope["p"].shape == (10000, 32, 32) and scope["p"].dtype == torch.float32
-    assert scope["p16"].dtype == torch.bfloat16
-    assert scope["per_sample"].shape == (8, 4096, 512)
-    assert scope["t"].shape == (32, 16, 2) and scope["t"].dtype == torch.int32  # Volta's A: 16 elements a lane
-    dev = torch.device(device)
-    first, second = scope["f"](torch.randn(3, 4, device=dev), torch.randn(4, 5, device=dev), torch.randn(2, 3, device=dev))
-    assert first.shape == (3, 5) and second.shape == (2, 3, 3)

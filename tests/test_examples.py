@@ -1,0 +1,58 @@
+"""The examples users copy: README's Python code blocks and examples/train_mlp.py, run as written."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import DEVICES, child_process_env
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _readme_python_blocks() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_readme_examples_run(device, tmp_path):
+    """README's Python examples, run as written (on the CPU with "cuda" read as "cpu", less the line that measures
+    the GPU's fragment layout), and what their comments say of the results."""
+    code = "\n".join(_readme_python_blocks())
+    if device == "cpu":
+        code = "\n".join(line for line in code.splitlines() if not ("fragment_map(" in line and "device=" in line))
+        code = code.replace('"cuda"', '"cpu"')
+    script = tmp_path / "readme_examples.py"  # (a file of their own: torch.compile reads the source of f)
+    script.write_text(code)
+    scope = runpy.run_path(str(script))
+    assert scope["c"].dtype == torch.float32 and scope["c"].device.type == device  # the autocast line's result
+    assert scope["p"].shape == (10000, 32, 32) and scope["p"].dtype == torch.float32
+    assert scope["p16"].dtype == torch.bfloat16
+    assert scope["per_sample"].shape == (8, 4096, 512)
+    assert scope["t"].shape == (32, 16, 2) and scope["t"].dtype == torch.int32  # Volta's A: 16 elements a lane
+    dev = torch.device(device)
+    first, second = scope["f"](torch.randn(3, 4, device=dev), torch.randn(4, 5, device=dev), torch.randn(2, 3, device=dev))
+    assert first.shape == (3, 5) and second.shape == (2, 3, 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_train_mlp_example(device, tmp_path):
+    """A short run of the training example: its own check (corrected_matmul's final loss within 1% of float32's)
+    passes, and it writes its results."""
+    pytest.importorskip("sklearn", reason="the example's data set comes with scikit-learn")
+    pytest.importorskip("matplotlib", reason="the example plots its loss curves")
+    result = subprocess.run([sys.executable, ROOT / "examples" / "train_mlp.py", "--device", device, "--epochs", "3",
+                             "--out", tmp_path], capture_output=True, text=True, timeout=900, env=child_process_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    payload = json.loads((tmp_path / f"train_mlp_{device}.json").read_text())
+    losses = payload["runs"]["corrected"]["losses"]
+    assert len(losses) == 3 and losses[-1] < losses[0]  # it trained
+    assert payload["corrected_vs_fp32_final_loss_gap"] <= 0.01
+    assert (tmp_path / f"train_mlp_{device}.png").stat().st_size > 0
