@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import torch_wmmae  # noqa: F401  (registers torch.ops.wmmae)
 
@@ -78,6 +79,43 @@ TORCH_FUNC_TRANSFORMS = {
 def leaves(tree) -> list:
     """The tensors of a (nested) result, such as a transform's tuples of derivatives, in order."""
     return torch.utils._pytree.tree_leaves(tree)
+
+
+def assert_memory_savers_keep_gradients(op, inputs, saved: int) -> None:
+    """Training code's memory savers around an op: its graph node saves `saved` tensors (each passes once through
+    saved-tensor hooks), and activation checkpointing (reentrant or not) and save_on_cpu give a plain backward's
+    gradients, bit for bit (in deterministic mode: no sums split over atomics)."""
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with deterministic():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = op(*inputs)
+        assert len(packed) == saved
+        grad_out = torch.randn_like(out)
+
+        def gradients(out):  # (.backward: the reentrant checkpoint refuses autograd.grad)
+            for x in inputs:
+                x.grad = None
+            out.backward(grad_out)
+            return [x.grad for x in inputs]
+
+        want = gradients(out)
+        for name, run in {
+            "checkpoint": lambda: torch.utils.checkpoint.checkpoint(op, *inputs, use_reentrant=False),
+            "reentrant checkpoint": lambda: torch.utils.checkpoint.checkpoint(op, *inputs, use_reentrant=True),
+            "save_on_cpu": lambda: _under(torch.autograd.graph.save_on_cpu(), op, inputs),
+        }.items():
+            got = gradients(run())
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), name
+
+
+def _under(context, op, inputs):
+    with context:
+        return op(*inputs)
 
 
 @pytest.fixture

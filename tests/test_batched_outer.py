@@ -10,7 +10,7 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import TORCH_FUNC_TRANSFORMS, U32, float32_matmuls, leaves, random_tensor, rel_err, requires_cuda
+from conftest import TORCH_FUNC_TRANSFORMS, assert_memory_savers_keep_gradients, U32, float32_matmuls, leaves, random_tensor, rel_err, requires_cuda
 from hardening import assert_outer_correct, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
@@ -311,6 +311,17 @@ def test_gradient_of_one_input(device, gen, which):
     # d/du_i sum_ij u_i v_j = sum_j v_j (and the same for v): the other input's row sums, for every i.
     want = other.detach().cpu().double().sum(-1, keepdim=True).expand(4, 11)
     _assert_gradient_close(x.grad, want, other.detach().cpu().double().abs().sum(-1, keepdim=True).expand(4, 11), 11)
+
+
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+def test_memory_savers_keep_gradients(device, gen, with_v):
+    """Checkpointing and save_on_cpu around the op; its node saves u and v, or u once where v is None."""
+    u = random_tensor(gen, (5, 13), "normal", device, torch.float16).requires_grad_()
+    if with_v:
+        v = random_tensor(gen, (5, 13), "normal", device, torch.float16).requires_grad_()
+        assert_memory_savers_keep_gradients(lambda u, v: batched_outer(u, v, alpha=2.0), (u, v), saved=2)
+    else:
+        assert_memory_savers_keep_gradients(lambda u: batched_outer(u, alpha=2.0), (u,), saved=1)
 
 
 @pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, U32, deterministic, leaves, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, assert_memory_savers_keep_gradients, U32, deterministic, leaves, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -639,6 +639,14 @@ def test_gradient_of_one_operand(device, gen, which):
     ref = torch.ones(5, 4, dtype=torch.float64, device=device)
     expected = ref @ b.detach().double().t() if which == "a" else a.detach().double().t() @ ref
     assert rel_err(x.grad, expected) < 1e-5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_memory_savers_keep_gradients(device, gen, method):
+    """Checkpointing and save_on_cpu around the op; its node saves a and b, nothing else."""
+    a = random_tensor(gen, (2, 6, 21), "normal", device).requires_grad_()
+    b = random_tensor(gen, (21, 5), "normal", device).requires_grad_()
+    assert_memory_savers_keep_gradients(lambda a, b: corrected_matmul(a, b, method=method), (a, b), saved=2)
 
 
 @pytest.mark.parametrize("method", METHODS)
