@@ -2,8 +2,8 @@
 
 Builds the library and its ctest with CMake against the installed torch (with the CUDA kernels where a GPU
 and nvcc are present), runs the ctest, installs the package, builds the example program and a program that
-uses only the dispatcher against it with find_package(torch_wmmae), and checks that C++ and Python give the
-same bits for the same inputs.
+uses only the dispatcher against it with find_package(torch_wmmae), builds a program with the source tree
+(add_subdirectory), and checks that C++ and Python give the same bits for the same inputs.
 """
 import os
 import pathlib
@@ -146,3 +146,16 @@ def test_program_using_only_the_dispatcher_keeps_the_library(cpp_build, tmp_path
                                      "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed")
     out = _run([build / "dispatcher_only"])
     assert "corrected_matmul through the dispatcher: relative error" in out, out
+
+
+def test_program_built_from_the_source_tree(tmp_path):
+    """add_subdirectory (or FetchContent) of the repository: the program links the same target and gets the same
+    include directories, the device library's included, as from the installed package."""
+    build = tmp_path / "from_source_tree"
+    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DTORCH_WMMAE_SOURCE={ROOT}",
+            "-DCMAKE_BUILD_TYPE=Release"]
+    _run(["cmake", "-S", ROOT / "tests" / "cpp" / "from_source_tree", "-B", build, *args])
+    _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
+    out = _run([build / "from_source_tree"])
+    assert float(out.split("relative error vs float64:")[1]) < 1e-6, out
+
