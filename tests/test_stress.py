@@ -9,19 +9,27 @@ views, spread round-robin over 4 CUDA streams.
 - torch.cuda.memory_allocated() after the loop (all results dropped, gc run) must equal its value before, and
   a final synchronize must raise nothing (no asynchronous error).
 
+The same random calls also come from 8 host threads at once, each on its own stream, from the process's
+first call on: the host side's lazily set state (kernel attributes, occupancy, the tensor-map encoder, cached
+plans) must be safe to set from several threads.
+
 TORCH_WMMAE_STRESS_CALLS scales the number of calls (default 2000).
 """
 from __future__ import annotations
 
 import gc
+import os
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
 from torch_wmmae import batched_outer, corrected_matmul
 
-from conftest import deterministic, requires_cuda
+from conftest import child_process_env, deterministic, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct, env_int
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
@@ -182,3 +190,55 @@ def test_same_inputs_on_four_concurrent_streams_agree():
     assert_matmul_within_dot_product_bound(first[1].cpu(), a_wide.cpu(), b.cpu())
     assert_outer_correct(first[2], u, None, 0.5, None)
     assert_outer_correct(first[3], u32, None, 0.0, torch.bfloat16)
+
+
+# A fresh process, so that the threads make its first calls of every kernel together.
+_THREADED_CALLS = textwrap.dedent("""
+    import random, sys, threading
+    import torch
+    from test_stress import METHODS, OUTER_DTYPES, _matrix, check_call, make_call, run_call
+    threads, calls = int(sys.argv[1]), int(sys.argv[2])
+    start = threading.Barrier(threads)
+    errors = []
+
+    def worker(t):
+        try:
+            rng, gen = random.Random(t), torch.Generator(device="cuda").manual_seed(t)
+            first = [("matmul", (_matrix(gen, 40, 300, "contiguous"), _matrix(gen, 300, 24, "transposed")),
+                      {"method": METHODS[(t + i) % 3]}) for i in range(3)]
+            first += [("outer", (torch.randn(9, 37, device="cuda", generator=gen).to(OUTER_DTYPES[(t + i) % 3]),
+                                 None), {"alpha": 1.5, "out_dtype": None}) for i in range(3)]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            start.wait()
+            with torch.cuda.stream(stream):  # (this thread's current stream: the calls and their inputs)
+                for i in range(len(first) + calls):
+                    kind, inputs, kwargs = first[i] if i < len(first) else make_call(rng, gen)
+                    out = run_call(kind, inputs, kwargs)
+                    if i < len(first) or rng.random() < 0.25:
+                        stream.synchronize()
+                        check_call(kind, inputs, kwargs, out)
+            stream.synchronize()
+        except BaseException as e:
+            errors.append(f"thread {t}: {e!r}")
+
+    workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    torch.cuda.synchronize()
+    print("\\n".join(errors) or f"{threads} threads x {calls} calls: ok")
+    sys.exit(1 if errors else 0)
+""")
+
+
+def test_first_calls_from_eight_host_threads():
+    env = child_process_env()
+    env["PYTHONPATH"] += os.pathsep + os.path.dirname(os.path.abspath(__file__))
+    calls = max(8, CALLS // 40)
+    result = subprocess.run([sys.executable, "-c", _THREADED_CALLS, "8", str(calls)], capture_output=True, text=True,
+                            timeout=900, env=env)
+    assert result.returncode == 0 and f"8 threads x {calls} calls: ok" in result.stdout, (
+        result.stdout[-4000:] + result.stderr[-4000:])
+
