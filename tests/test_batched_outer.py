@@ -208,10 +208,13 @@ def _strided_inputs(gen, device, dtype, case):
         return r(5, 40, 3).permute(2, 0, 1), r(3, 5, 40)
     if case == "expanded_batch":
         return r(1, 40).expand(4, 40), r(4, 40)
+    if case == "expanded_elements":  # stride 0 along n: every element of u's rows the same
+        return r(4, 1).expand(4, 40), r(4, 40)
     raise ValueError(case)
 
 
-@pytest.mark.parametrize("case", ["last_dim_strided", "storage_offset", "transposed", "batch_permuted", "expanded_batch"])
+@pytest.mark.parametrize("case", ["last_dim_strided", "storage_offset", "transposed", "batch_permuted", "expanded_batch",
+                                  "expanded_elements"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_strided_inputs(device, gen, dtype, case):
     u, v = _strided_inputs(gen, device, dtype, case)

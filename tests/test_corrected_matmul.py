@@ -171,6 +171,8 @@ def _operands(gen, device, case):
         return r(7, 37), r(2, 3, 37, 9)
     if case == "expanded_stride0":
         return r(1, 7, 37).expand(5, 7, 37), r(5, 37, 9)
+    if case == "broadcast_lines":  # stride 0 inside the matrices (every row of a, every column of b the same),
+        return r(1, 300).expand(130, 300), r(300, 1).expand(300, 129)  # over several tiles and stages
     if case == "transposed":
         return r(37, 7).t(), r(9, 37).t()
     if case == "batched_transposed":
@@ -195,8 +197,8 @@ def _operands(gen, device, case):
 
 LAYOUT_CASES = [
     "1d_1d", "1d_2d", "2d_1d", "1d_3d", "3d_1d", "batched", "broadcast_batch", "broadcast_2d_rhs",
-    "broadcast_2d_lhs", "expanded_stride0", "transposed", "batched_transposed", "storage_offset", "strided",
-    "strided_batch", "size1_dims", "many_batch_dims", "six_broadcast_dims",
+    "broadcast_2d_lhs", "expanded_stride0", "broadcast_lines", "transposed", "batched_transposed", "storage_offset",
+    "strided", "strided_batch", "size1_dims", "many_batch_dims", "six_broadcast_dims",
 ]
 
 
