@@ -97,6 +97,7 @@ setup(
     version="0.1.0",
     description="Tensor-core fragments built in registers, as PyTorch operators (the WMMA extension idea)",
     packages=find_packages(include=["torch_wmmae", "torch_wmmae.*"]),
+    package_data={"torch_wmmae": ["py.typed"]},  # (the API's annotations are for type checkers too: PEP 561)
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",

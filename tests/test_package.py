@@ -1,7 +1,9 @@
-"""The package surface: exports, operator schemas, the build flavour, and the `python -m torch_wmmae` check."""
+"""The package surface: exports, schemas, type annotations, the build flavour, the `python -m torch_wmmae` check."""
 from __future__ import annotations
 
+import inspect
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -61,3 +63,16 @@ def test_self_check_module_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "torch" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
 
+
+
+def test_api_is_typed():
+    """The package says it is typed (PEP 561: a py.typed marker beside its modules), so every public function
+    annotates each parameter and its result."""
+    assert (pathlib.Path(torch_wmmae.__file__).parent / "py.typed").is_file()
+    functions = [f for f in map(lambda name: getattr(torch_wmmae, name), torch_wmmae.__all__) if inspect.isfunction(f)]
+    assert len(functions) == 4
+    for f in functions:
+        signature = inspect.signature(f)
+        assert signature.return_annotation is not inspect.Signature.empty, f.__name__
+        for p in signature.parameters.values():
+            assert p.annotation is not inspect.Parameter.empty, f"{f.__name__}: {p.name}"
