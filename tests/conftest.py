@@ -81,7 +81,7 @@ def leaves(tree) -> list:
     return torch.utils._pytree.tree_leaves(tree)
 
 
-def assert_memory_savers_keep_gradients(op, inputs, saved: int) -> None:
+def assert_memory_savers_keep_gradients(gen: torch.Generator, op, inputs, saved: int) -> None:
     """Training code's memory savers around an op: its graph node saves `saved` tensors (each passes once through
     saved-tensor hooks), and activation checkpointing (reentrant or not) and save_on_cpu give a plain backward's
     gradients, bit for bit (in deterministic mode: no sums split over atomics)."""
@@ -95,7 +95,7 @@ def assert_memory_savers_keep_gradients(op, inputs, saved: int) -> None:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = op(*inputs)
         assert len(packed) == saved
-        grad_out = torch.randn_like(out)
+        grad_out = random_tensor(gen, out.shape, "normal", out.device, out.dtype)
 
         def gradients(out):  # (.backward: the reentrant checkpoint refuses autograd.grad)
             for x in inputs:

@@ -322,9 +322,9 @@ def test_memory_savers_keep_gradients(device, gen, with_v):
     u = random_tensor(gen, (5, 13), "normal", device, torch.float16).requires_grad_()
     if with_v:
         v = random_tensor(gen, (5, 13), "normal", device, torch.float16).requires_grad_()
-        assert_memory_savers_keep_gradients(lambda u, v: batched_outer(u, v, alpha=2.0), (u, v), saved=2)
+        assert_memory_savers_keep_gradients(gen, lambda u, v: batched_outer(u, v, alpha=2.0), (u, v), saved=2)
     else:
-        assert_memory_savers_keep_gradients(lambda u: batched_outer(u, alpha=2.0), (u,), saved=1)
+        assert_memory_savers_keep_gradients(gen, lambda u: batched_outer(u, alpha=2.0), (u,), saved=1)
 
 
 @pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])

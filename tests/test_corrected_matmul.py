@@ -648,7 +648,7 @@ def test_memory_savers_keep_gradients(device, gen, method):
     """Checkpointing and save_on_cpu around the op; its node saves a and b, nothing else."""
     a = random_tensor(gen, (2, 6, 21), "normal", device).requires_grad_()
     b = random_tensor(gen, (21, 5), "normal", device).requires_grad_()
-    assert_memory_savers_keep_gradients(lambda a, b: corrected_matmul(a, b, method=method), (a, b), saved=2)
+    assert_memory_savers_keep_gradients(gen, lambda a, b: corrected_matmul(a, b, method=method), (a, b), saved=2)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICES, child_process_env
+from conftest import DEVICES, child_process_env, random_tensor
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def _readme_python_blocks() -> list[str]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_readme_examples_run(device, tmp_path):
+def test_readme_examples_run(device, gen, tmp_path):
     """README's Python examples, run as written (on the CPU with "cuda" read as "cpu", less the line that measures
     the GPU's fragment layout), and what their comments say of the results."""
     code = "\n".join(_readme_python_blocks())
@@ -37,8 +37,8 @@ def test_readme_examples_run(device, tmp_path):
     assert scope["p16"].dtype == torch.bfloat16
     assert scope["per_sample"].shape == (8, 4096, 512)
     assert scope["t"].shape == (32, 16, 2) and scope["t"].dtype == torch.int32  # Volta's A: 16 elements a lane
-    dev = torch.device(device)
-    first, second = scope["f"](torch.randn(3, 4, device=dev), torch.randn(4, 5, device=dev), torch.randn(2, 3, device=dev))
+    a, b, u = (random_tensor(gen, shape, "normal", device) for shape in [(3, 4), (4, 5), (2, 3)])
+    first, second = scope["f"](a, b, u)  # the torch.compile example
     assert first.shape == (3, 5) and second.shape == (2, 3, 3)
 
 
