@@ -4,8 +4,10 @@ from __future__ import annotations
 import inspect
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ import torch
 import torch_wmmae
 
 from conftest import HAS_CUDA, child_process_env
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NOT_IN_SDIST = {".ci/run", ".gitignore"}  # CI's entry point and git's own file
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -64,7 +69,6 @@ def test_self_check_module_runs():
     assert "torch" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
 
 
-
 def test_api_is_typed():
     """The package says it is typed (PEP 561: a py.typed marker beside its modules), so every public function
     annotates each parameter and its result."""
@@ -76,3 +80,55 @@ def test_api_is_typed():
         assert signature.return_annotation is not inspect.Signature.empty, f.__name__
         for p in signature.parameters.values():
             assert p.annotation is not inspect.Parameter.empty, f"{f.__name__}: {p.name}"
+
+
+def tracked_files() -> set:
+    """The repository's files as git has them (the working tree's, less those deleted from it)."""
+    def git_ls(*args):
+        out = subprocess.run(["git", "ls-files", "-z", *args], cwd=REPO, capture_output=True, text=True, check=True)
+        return {name for name in out.stdout.split("\0") if name}
+
+    return git_ls() - git_ls("--deleted")
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs the git checkout")
+def test_source_distribution_holds_the_tree_and_builds(tmp_path):
+    """`setup.py sdist` packs every tracked file (the build reads any header under csrc/, the tests read the
+    examples, tools and committed results), no build output, and the extension builds from the unpacked sdist
+    and runs. The build is CPU-only to keep the test short: the file check covers the CUDA sources."""
+    # From a copy of the tracked files: setuptools also packs whatever an earlier build's egg-info lists.
+    checkout = tmp_path / "checkout"
+    tracked = tracked_files()
+    for name in tracked:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, checkout / name)
+    env = child_process_env(TORCH_WMMAE_CPU_ONLY="1")
+    dist = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(dist)], cwd=checkout,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (archive,) = dist.glob("torch_wmmae-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile()]
+        top = members[0].name.split("/")[0]
+        packed = {m.name.split("/", 1)[1] for m in members}
+        tar.extractall(tmp_path, filter="data")
+    missing = tracked - NOT_IN_SDIST - packed
+    assert not missing, f"not in the sdist: {sorted(missing)}"
+    built = [name for name in packed if name.endswith((".so", ".o", ".pyc")) or name.startswith("build/")]
+    assert not built, f"build outputs in the sdist: {built}"
+
+    source = tmp_path / top
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=source, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    check = (
+        "import torch, torch_wmmae; "
+        f"assert torch_wmmae.__file__.startswith({str(source)!r}), torch_wmmae.__file__; "
+        "g = torch.Generator().manual_seed(5); a = torch.rand(17, 33, generator=g); b = torch.rand(33, 9, generator=g); "
+        "out = torch_wmmae.corrected_matmul(a, b); ref = (a.double() @ b.double()).float(); "
+        "assert out.shape == (17, 9) and torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (out - ref).abs().max()"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(source)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
