@@ -1,5 +1,5 @@
-"""The ops in exported programs: torch.export (static and dynamic shapes, save and load), draft_export and
-AOTInductor.
+"""The ops in exported programs: torch.export (static and dynamic shapes, save and load), draft_export,
+AOTInductor and TorchScript.
 
 An exported program calls the ops' real kernels, so its results must be the eager results, bit for bit (in
 deterministic mode, where corrected_matmul does not split K over atomics), also for shapes other than the traced
@@ -18,7 +18,7 @@ from torch.export import Dim
 
 import torch_wmmae
 
-from conftest import DEVICES, deterministic, random_tensor
+from conftest import DEVICES, child_process_env, deterministic, random_tensor
 
 
 class AllOps(torch.nn.Module):
@@ -172,3 +172,47 @@ def test_aoti_out_dtype(gen, tmp_path):
     runner = _aoti_package(HalfOuter(), _inputs(gen, "cpu", 9, 40, 5), tmp_path)
     args = _inputs(gen, "cpu", 9, 40, 5)
     _assert_same_bits(runner(*args), HalfOuter()(*args))
+
+
+class ScriptedOps(torch.nn.Module):
+    """Each op through torch.ops, as TorchScript takes it (the Python API's keyword-only arguments are not
+    scriptable), with every argument given."""
+
+    def forward(self, a, b, u):
+        return (
+            torch.ops.wmmae.corrected_matmul(a, b, "fp16").relu(),
+            torch.ops.wmmae.corrected_matmul(a, b, "auto"),
+            torch.ops.wmmae.batched_outer(u, None, 0.5, torch.float16),
+            torch.ops.wmmae.batched_outer(u, u.flip(-1), -1.0, None),
+            torch.ops.wmmae.fragment_map("matrix_a", 16, 16, 16, "half", "row_major", 80, None),
+        )
+
+
+_LOAD_SCRIPTED = textwrap.dedent("""
+    import sys, torch
+    import torch_wmmae  # (loads the operator library, which a TorchScript archive does not hold)
+    torch.use_deterministic_algorithms(True)
+    module = torch.jit.load(sys.argv[1])
+    args, want = torch.load(sys.argv[2])
+    got = module(*args)
+    sys.exit(0 if all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)) else 1)
+""")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("device", DEVICES)
+def test_torchscript_matches_eager(device, gen, tmp_path):
+    """A scripted module of the raw ops gives the eager results bit for bit, for any shape, and so does its
+    archive loaded in a fresh process. (TorchScript is deprecated, but existing pipelines still script code.)"""
+    scripted = torch.jit.script(ScriptedOps())
+    with deterministic():
+        for m, k, batch in [(9, 40, 5), (17, 3, 12), (130, 1000, 2)]:
+            args = _inputs(gen, device, m, k, batch)
+            want = ScriptedOps()(*args)
+            _assert_same_bits(scripted(*args), want)
+            _assert_same_bits(AllOps()(*args), want)  # the raw ops with every argument are the API's calls
+    scripted.save(str(tmp_path / "ops.pt"))
+    torch.save((args, want), tmp_path / "expected.pt")
+    proc = subprocess.run([sys.executable, "-c", _LOAD_SCRIPTED, str(tmp_path / "ops.pt"), str(tmp_path / "expected.pt")],
+                          capture_output=True, text=True, timeout=300, env=child_process_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
