@@ -17,7 +17,6 @@ import torch_wmmae
 from conftest import HAS_CUDA, child_process_env
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-NOT_IN_SDIST = {".ci/run", ".gitignore"}  # CI's entry point and git's own file
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -82,24 +81,34 @@ def test_api_is_typed():
             assert p.annotation is not inspect.Parameter.empty, f"{f.__name__}: {p.name}"
 
 
-def tracked_files() -> set:
-    """The repository's files as git has them (the working tree's, less those deleted from it)."""
-    def git_ls(*args):
-        out = subprocess.run(["git", "ls-files", "-z", *args], cwd=REPO, capture_output=True, text=True, check=True)
-        return {name for name in out.stdout.split("\0") if name}
-
-    return git_ls() - git_ls("--deleted")
+# What a source distribution must hold: the build's files, the CMake package, and the test suite with what its
+# tests run or read (MANIFEST.in says the same to setuptools). CI's entry point and git's files stay out.
+SDIST_DIRS = ("csrc", "cmake", "torch_wmmae", "tests", "examples", "benchmarks", "tools")
+SDIST_TOP_FILES = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "CMakeLists.txt")
+BUILD_OUTPUTS = (".so", ".o", ".pyc")
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs the git checkout")
-def test_source_distribution_holds_the_tree_and_builds(tmp_path):
-    """`setup.py sdist` packs every tracked file (the build reads any header under csrc/, the tests read the
-    examples, tools and committed results), no build output, and the extension builds from the unpacked sdist
-    and runs. The build is CPU-only to keep the test short: the file check covers the CUDA sources."""
-    # From a copy of the tracked files: setuptools also packs whatever an earlier build's egg-info lists.
+def source_files() -> set:
+    """The files of SDIST_DIRS and SDIST_TOP_FILES in this tree, less build outputs and caches."""
+    files = {name for name in SDIST_TOP_FILES if (REPO / name).is_file()}
+    for folder in SDIST_DIRS:
+        for path in (REPO / folder).rglob("*"):
+            rel = path.relative_to(REPO)
+            if path.is_file() and not path.name.endswith(BUILD_OUTPUTS) and not any(
+                    part in ("__pycache__", ".pytest_cache", ".hypothesis") for part in rel.parts):
+                files.add(rel.as_posix())
+    return files
+
+
+def test_source_distribution_holds_the_sources_and_builds(tmp_path):
+    """`setup.py sdist` packs every source file (the build reads any header under csrc/; the tests read the
+    examples, tools and committed results) and no build output, and the extension builds from the unpacked
+    sdist and runs. The build is CPU-only to keep the test short: the file check covers the CUDA sources."""
+    # From a copy of those files: setuptools also packs whatever an earlier build's egg-info lists.
     checkout = tmp_path / "checkout"
-    tracked = tracked_files()
-    for name in tracked:
+    files = source_files()
+    assert "csrc/wmmae/wmmae.hpp" in files and "MANIFEST.in" in files
+    for name in files:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, checkout / name)
     env = child_process_env(TORCH_WMMAE_CPU_ONLY="1")
@@ -113,9 +122,9 @@ def test_source_distribution_holds_the_tree_and_builds(tmp_path):
         top = members[0].name.split("/")[0]
         packed = {m.name.split("/", 1)[1] for m in members}
         tar.extractall(tmp_path, filter="data")
-    missing = tracked - NOT_IN_SDIST - packed
+    missing = files - packed
     assert not missing, f"not in the sdist: {sorted(missing)}"
-    built = [name for name in packed if name.endswith((".so", ".o", ".pyc")) or name.startswith("build/")]
+    built = [name for name in packed if name.endswith(BUILD_OUTPUTS) or name.startswith("build/")]
     assert not built, f"build outputs in the sdist: {built}"
 
     source = tmp_path / top
