@@ -1,4 +1,5 @@
-"""The package surface: exports, schemas, type annotations, the build flavour, the `python -m torch_wmmae` check."""
+"""The package surface: exports, schemas, type annotations, the build flavour, the `python -m torch_wmmae` check,
+the import error of a library that does not load, the source distribution."""
 from __future__ import annotations
 
 import inspect
@@ -7,6 +8,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 
 import pytest
@@ -141,3 +143,27 @@ def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     proc = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(source)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_library_built_against_another_torch_gets_a_clear_import_error(tmp_path):
+    """An operator library that does not load (here one with a symbol no library defines, as one built
+    against another torch has) makes `import torch_wmmae` say so, name this process's torch and how to
+    rebuild, and chain the loader's error."""
+    package = tmp_path / "torch_wmmae"
+    shutil.copytree(pathlib.Path(torch_wmmae.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    source = tmp_path / "stale.c"
+    source.write_text("extern void wmmae_symbol_of_another_torch(void);\n"
+                      "void *PyInit__C(void) { wmmae_symbol_of_another_torch(); return 0; }\n")
+    library = package / ("_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", "import torch_wmmae"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode != 0
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: torch_wmmae: the operator library torch_wmmae/_C did not load"), proc.stderr
+    for part in ("undefined symbol: wmmae_symbol_of_another_torch", f"torch {torch.__version__} in",
+                 "pip install --no-build-isolation -e ."):
+        assert part in message, message
+    assert "The above exception was the direct cause" in proc.stderr

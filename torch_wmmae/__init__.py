@@ -5,9 +5,20 @@ Ops (also reachable as ``torch.ops.wmmae.*``):
 - :func:`batched_outer`: batched ``u v^T + alpha * I``.
 - :func:`fragment_map`: which tile element each lane of a WMMA fragment holds.
 """
-import torch  # noqa: F401  (first: loads libc10/libtorch, which _C links against)
+import os
 
-from . import _C  # noqa: F401  (loads the operator library: registers torch.ops.wmmae)
+import torch  # (first: loads libc10/libtorch, which _C links against)
+
+try:
+    from . import _C  # noqa: F401  (loads the operator library: registers torch.ops.wmmae)
+except ImportError as error:  # (the loader's own message, e.g. an undefined symbol, does not say what to do)
+    raise ImportError(
+        f"torch_wmmae: the operator library torch_wmmae/_C did not load ({error}). It must be built against the "
+        f"torch of this process, torch {torch.__version__} in {os.path.dirname(torch.__file__)}; one built "
+        "against another torch fails to load, often with an undefined symbol. Rebuild it against this torch: "
+        "`pip install --no-build-isolation -e .` in the source tree, or `pip install --no-build-isolation "
+        "--force-reinstall --no-deps <sdist>`."
+    ) from error
 from .ops import METHODS, batched_outer, corrected_matmul, fragment_map
 
 __all__ = ["corrected_matmul", "batched_outer", "fragment_map", "METHODS", "has_cuda_kernels"]
