@@ -7,6 +7,7 @@ Set TORCH_WMMAE_CPU_ONLY=1 to skip the CUDA sources (faster builds while working
 """
 import glob
 import os
+import re
 
 from setuptools import find_packages, setup
 from torch.utils import cpp_extension
@@ -17,6 +18,12 @@ DEFAULT_CUDA_ARCHS = "8.0;9.0"
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")
+
+
+def package_version() -> str:
+    """torch_wmmae.__version__, the one definition (CMakeLists.txt reads it too), read without importing."""
+    with open(os.path.join(ROOT, "torch_wmmae", "__init__.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.MULTILINE)[1]
 
 
 def cuda_arch_list(spec: str) -> list:
@@ -94,7 +101,7 @@ class BuildExtension(cpp_extension.BuildExtension):
 
 setup(
     name="torch_wmmae",
-    version="0.1.0",
+    version=package_version(),
     description="Tensor-core fragments built in registers, as PyTorch operators (the WMMA extension idea)",
     packages=find_packages(include=["torch_wmmae", "torch_wmmae.*"]),
     package_data={"torch_wmmae": ["py.typed"]},  # (the API's annotations are for type checkers too: PEP 561)

@@ -70,6 +70,13 @@ def test_device_library_is_installed(cpp_build, tmp_path):
           "-c", source, "-o", tmp_path / "example.o"])
 
 
+def test_installed_package_has_the_python_version(cpp_build):
+    """The CMake package's version is torch_wmmae.__version__ (CMakeLists.txt reads it from there)."""
+    (version_file,) = PREFIX.glob("lib*/cmake/torch_wmmae/torch_wmmaeConfigVersion.cmake")
+    version = re.search(r'^set\(PACKAGE_VERSION "([^"]+)"\)$', version_file.read_text(), re.MULTILINE)[1]
+    assert version == torch_wmmae.__version__
+
+
 def test_ctest_passes(cpp_build):
     out = _run(["ctest", "--test-dir", cpp_build, "--output-on-failure"])
     assert "100% tests passed" in out

@@ -42,6 +42,14 @@ def test_exports():
     assert isinstance(torch_wmmae.__version__, str)
 
 
+def test_build_takes_the_package_version():
+    """setup.py's version is torch_wmmae.__version__ (its one definition; test_cpp_api.py checks CMake's)."""
+    proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == torch_wmmae.__version__
+
+
 def test_has_cuda_kernels_is_bool():
     assert isinstance(torch_wmmae.has_cuda_kernels(), bool)
 
