@@ -76,10 +76,13 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
         method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``
             and column of ``b`` by a power of two; accurate while the exponents of each row/column span at
             most 28 (magnitudes within 2^29; smaller elements of wider rows lose bits) and its largest
-            element is at least 2^-113. ``"tf32"`` splits into tf32 hi + tf32 residual after a power-of-two
-            scaling of each row/column that keeps clear of fp32's subnormals and overflow: accurate over the
-            whole fp32 range (to 22 of 24 bits per element). ``"auto"`` (default) uses fp16 where every row
-            and column involved is fp16-safe and tf32 elsewhere; it decides on the device (no host sync).
+            element is at least 2^-113; an Inf meeting an element that vanishes in fp16 gives NaN where
+            float32 gives Inf. ``"tf32"`` splits into tf32 hi + tf32 residual after a power-of-two scaling of
+            each row/column that keeps clear of fp32's subnormals and overflow: accurate over the whole fp32
+            range (to 22 of 24 bits per element) for every element within 2^155 of its row's or column's
+            largest; elements further below lose bits, and those more than about 2^177 below are lost.
+            ``"auto"`` (default) uses fp16 where every row and column involved is fp16-safe and tf32
+            elsewhere, with tf32's limit; it decides on the device (no host sync).
     """
     _require_tensor("corrected_matmul", "a", a)
     _require_tensor("corrected_matmul", "b", b)
@@ -165,7 +168,7 @@ def batched_outer(
         u, v: tensors of shape ``(..., n)`` with the same shape and dtype (float16, bfloat16 or float32);
             ``v`` defaults to ``u``.
         alpha: a Python number, added once to every diagonal element as a float32 value.
-        out_dtype: float32 (default), float16 or bfloat16.
+        out_dtype: ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``.
 
     Differentiable in ``u`` and ``v``, in reverse and forward mode, also under ``torch.func``'s transforms:
     ``grad_u = g v`` and ``grad_v = g^T u`` for an incoming gradient ``g``, computed in float32 and returned in
@@ -180,6 +183,9 @@ def batched_outer(
     _require_tensor("batched_outer", "u", u)
     if isinstance(v, Tensor):
         _require_tensor("batched_outer", "v", v)
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):  # (the schema also takes dtype codes)
+        raise TypeError(f"batched_outer: argument 'out_dtype' must be a torch.dtype or None, got "
+                        f"{type(out_dtype).__name__} {out_dtype!r}")
     if isinstance(alpha, Tensor):  # (the schema takes a number: a tensor would pass as its value, without gradient)
         raise TypeError("batched_outer: argument 'alpha' must be a Python number, got a Tensor (it would get no "
                         "gradient, and torch.compile cannot trace it); pass alpha.item() to use its value")
@@ -246,7 +252,8 @@ def fragment_map(
         dtype: ``"half"``, ``"bf16"``, ``"tf32"``, ``"int8"``, ``"uint8"``, ``"double"`` for operands;
             ``"float"``, ``"half"``, ``"int32"``, ``"double"`` for accumulators.
         layout: ``"row_major"`` or ``"col_major"`` for operands, ``None`` for accumulators.
-        arch: compute capability (70, 75, 80, 86, 89, 90): the analytic table, on the CPU.
+        arch: compute capability (70, 75, 80, 86, 89, 90): the analytic table, on the CPU. The tables of 70
+            and 75 cover only m16n16k16 ``"half"`` operands and ``"float"`` or ``"half"`` accumulators.
         device: a CUDA device of compute capability 8.0 or newer: the layout measured on that GPU with
             ``load_matrix_sync``.
     Exactly one of ``arch`` and ``device`` must be given.
@@ -258,7 +265,8 @@ def fragment_map(
         if isinstance(value, bool):
             raise RuntimeError(f"fragment_map: argument '{name}' must be an int, got a bool ({value})")
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
-            raise RuntimeError(f"fragment_map: argument '{name}' must be a WMMA tile size or arch, got {value}")
+            what = "a compute capability" if name == "arch" else "a WMMA tile size"
+            raise RuntimeError(f"fragment_map: argument '{name}' must be {what}, got {value}")
     try:
         dev = torch.device(device) if device is not None else None
     except (RuntimeError, TypeError) as e:

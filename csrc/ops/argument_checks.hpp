@@ -3,7 +3,20 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace wmmae_ops {
+
+// A dtype as Python prints it ("torch.float64", not c10's "Double"), so that the messages of the C++ checks and
+// of the fake kernels (torch.compile) are the same, in the names Python users write.
+inline std::string dtype_name(at::ScalarType t) {
+  if (t == at::ScalarType::Undefined) return "None (an undefined tensor)";
+  try {
+    return "torch." + c10::getDtypeNames(t).first;
+  } catch (const c10::Error&) {  // (a type without a Python name)
+    return c10::toString(t);
+  }
+}
 
 // A dense tensor: strided and not nested. (Sparse, quantized, MKL-DNN and nested tensors reach the ops' kernels
 // registered for their dispatch keys in registration.cpp, which run these checks.)

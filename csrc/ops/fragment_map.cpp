@@ -67,7 +67,7 @@ at::Tensor fragment_map_cpu(c10::string_view use, std::int64_t m, std::int64_t n
   const FragmentSpec spec = parse_fragment_spec(use, m, n, k, dtype, layout);
   (void)device;
   TORCH_CHECK(arch.has_value(), "fragment_map: on the CPU pass arch= (70, 75, 80, 86, 89 or 90) for the analytic "
-              "table, or device='cuda' to measure the GPU");
+              "table, instead of device=; device= takes a CUDA device, whose layout is measured");
   TORCH_CHECK(*arch == 70 || *arch == 75 || *arch == 80 || *arch == 86 || *arch == 89 || *arch == 90,
               "fragment_map: argument 'arch' must be one of 70, 75, 80, 86, 89, 90, got ", *arch);
   return analytic_table(spec, *arch);

@@ -41,8 +41,8 @@ bool coalesce_batch(const at::Tensor& a, const at::Tensor& b, at::IntArrayRef ba
 MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_name) {
   TORCH_CHECK(a.dim() >= 1, op_name, ": argument 'a' must have at least 1 dimension, got a 0-d tensor");
   TORCH_CHECK(b.dim() >= 1, op_name, ": argument 'b' must have at least 1 dimension, got a 0-d tensor");
-  TORCH_CHECK(a.scalar_type() == at::kFloat, op_name, ": argument 'a' must be float32, got ", a.scalar_type());
-  TORCH_CHECK(b.scalar_type() == at::kFloat, op_name, ": argument 'b' must be float32, got ", b.scalar_type());
+  TORCH_CHECK(a.scalar_type() == at::kFloat, op_name, ": argument 'a' must be float32, got ", dtype_name(a.scalar_type()));
+  TORCH_CHECK(b.scalar_type() == at::kFloat, op_name, ": argument 'b' must be float32, got ", dtype_name(b.scalar_type()));
   check_dense(op_name, "a", a);
   check_dense(op_name, "b", b);
   TORCH_CHECK(a.device() == b.device(), op_name, ": arguments 'a' and 'b' must be on the same device, got a on ",
