@@ -78,6 +78,15 @@ def test_self_check_module_runs():
     assert "torch" in proc.stdout and "PASS" in proc.stdout and "FAIL" not in proc.stdout
 
 
+@pytest.mark.parametrize("seed", ["18446744073709551616", "-1", "x"])
+def test_self_check_refuses_a_bad_seed(seed):
+    """A seed torch.Generator cannot take is a usage error (exit status 2, the option named), not a traceback."""
+    proc = subprocess.run([sys.executable, "-m", "torch_wmmae", "--no-bench", "--seed", seed], capture_output=True,
+                          text=True, timeout=300, env=child_process_env())
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: argument --seed: must be" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_api_is_typed():
     """The package says it is typed (PEP 561: a py.typed marker beside its modules), so every public function
     annotates each parameter and its result."""

@@ -343,9 +343,21 @@ def check_fragment_map_gpu(rep):
 
 
 # --------------------------------------------------------------------------------------------------------
+
+def _seed(text: str) -> int:
+    """An argparse type: a seed torch.Generator.manual_seed takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2^63 - 1, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2^63 - 1, got {value}")
+    return value
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_wmmae", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh)")
+    parser.add_argument("--seed", type=_seed, default=None, help="seed of the random inputs, 0 to 2^63 - 1 "
+                        "(default: fresh)")
     parser.add_argument("--no-bench", action="store_true", help="skip the GPU timings")
     args = parser.parse_args(argv)
 
