@@ -1,4 +1,5 @@
-"""The examples users copy: README's Python code blocks and examples/train_mlp.py, run as written."""
+"""The examples users copy: README's Python code blocks and examples/train_mlp.py, run as written; and the
+tests and files README points to exist."""
 from __future__ import annotations
 
 import json
@@ -56,3 +57,17 @@ def test_train_mlp_example(device, tmp_path):
     assert len(losses) == 3 and losses[-1] < losses[0]  # it trained
     assert payload["corrected_vs_fp32_final_loss_gap"] <= 0.01
     assert (tmp_path / f"train_mlp_{device}.png").stat().st_size > 0
+
+
+def test_readme_points_to_tests_and_files_that_exist():
+    """Every test function README cites (`test_...`) is defined in tests/, and every test file and repository
+    path it names (`tests/...`, `tools/...`, `benchmarks/...`, `examples/...`, `test_*.py`) is there."""
+    readme = (ROOT / "README.md").read_text()
+    defined = {name for path in (ROOT / "tests").glob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE)}
+    cited = set(re.findall(r"`(test_\w+)`", readme))
+    assert cited and cited <= defined, f"README cites tests that do not exist: {sorted(cited - defined)}"
+    paths = set(re.findall(r"`((?:tests|tools|benchmarks|examples)/[\w./-]+)`", readme))
+    paths |= {f"tests/{name}" for name in re.findall(r"`(test_\w+\.py)`", readme)}
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert len(paths) > 10 and not missing, f"README names paths that do not exist: {missing}"
