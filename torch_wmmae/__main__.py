@@ -343,7 +343,6 @@ def check_fragment_map_gpu(rep):
 
 
 # --------------------------------------------------------------------------------------------------------
-
 def _seed(text: str) -> int:
     """An argparse type: a seed torch.Generator.manual_seed takes."""
     try:
@@ -353,6 +352,7 @@ def _seed(text: str) -> int:
     if not 0 <= value < 2**63:
         raise argparse.ArgumentTypeError(f"must be from 0 to 2^63 - 1, got {value}")
     return value
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_wmmae", description=__doc__.splitlines()[0])
