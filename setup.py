@@ -8,9 +8,15 @@ Set TORCH_WMMAE_CPU_ONLY=1 to skip the CUDA sources (faster builds while working
 import glob
 import os
 import re
+import sys
 
 from setuptools import find_packages, setup
-from torch.utils import cpp_extension
+
+try:
+    from torch.utils import cpp_extension
+except ImportError:  # (pip's build isolation: a fresh environment, without the torch the build must match)
+    sys.exit("torch_wmmae builds against the torch installed where it will run, which pip's build isolation "
+             "hides. Install torch first, then: pip install --no-build-isolation .")
 
 # sm_80 and sm_90: the kernels use bf16/tf32 fragments (sm_80+); the device library itself also compiles
 # for sm_75 (tests/test_device_library.py checks that).

@@ -87,6 +87,19 @@ def test_self_check_refuses_a_bad_seed(seed):
     assert "error: argument --seed: must be" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_build_without_torch_says_to_turn_off_build_isolation():
+    """pip's isolated build runs setup.py in a fresh environment without torch (pyproject.toml does not ask for
+    one: it would fetch a torch other than the one the extension must match). setup.py stops with what to do."""
+    script = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['setup.py', '--version']; "
+              "runpy.run_path('setup.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "pip install --no-build-isolation ." in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert requires and not any(r.startswith("torch") for r in requires), requires
+
+
 def test_api_is_typed():
     """The package says it is typed (PEP 561: a py.typed marker beside its modules), so every public function
     annotates each parameter and its result."""
