@@ -11,6 +11,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import pathlib
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch.utils.checkpoint
 
 import torch_wmmae  # noqa: F401  (registers torch.ops.wmmae)
 
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]  # (the repository, or an unpacked sdist)
 HAS_CUDA = torch.cuda.is_available()
 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

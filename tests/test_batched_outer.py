@@ -10,7 +10,8 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import TORCH_FUNC_TRANSFORMS, assert_memory_savers_keep_gradients, U32, float32_matmuls, leaves, random_tensor, rel_err, requires_cuda
+from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients, float32_matmuls, leaves, random_tensor,
+                      rel_err, requires_cuda)
 from hardening import assert_outer_correct, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]

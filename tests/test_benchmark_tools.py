@@ -2,12 +2,12 @@
 dips are known (no GPU: it only reads result rows)."""
 from __future__ import annotations
 
-import os
-import pathlib
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "paper"))
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "paper"))
 
 from plot_seed_sweep import dips  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_valley_and_step():
 def test_sustained_reads_nvidia_smi_samples(tmp_path):
     # bench_sustained.smi_samples: nvidia-smi's CSV lines (timestamp, SM clock, power, throttle reasons) to
     # numbers; lines it cannot read (a header, a driver message) are skipped.
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     from bench_sustained import POWER_CAP_REASON, smi_samples
 
     csv = tmp_path / "smi.csv"
@@ -68,7 +68,7 @@ def test_sustained_reads_nvidia_smi_samples(tmp_path):
 def test_paper_table_is_up_to_date(tmp_path):
     """benchmarks/results/paper_table.md is what make_table.py makes of the committed result files (it quotes
     corrected_matmul.json's sweep, which each benchmark run replaces: regenerate the table after one)."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     out = tmp_path / "paper_table.md"
     subprocess.run([sys.executable, root / "benchmarks" / "paper" / "make_table.py", "--out", out],
                    check=True, capture_output=True)

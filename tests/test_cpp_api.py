@@ -17,11 +17,10 @@ from torch.utils import cpp_extension
 
 import torch_wmmae
 
-from conftest import NO_IMPLICIT_HALF
+from conftest import NO_IMPLICIT_HALF, REPO_ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-BUILD = ROOT / "build" / "cpp"
-PREFIX = ROOT / "build" / "cpp-install"
+BUILD = REPO_ROOT / "build" / "cpp"
+PREFIX = REPO_ROOT / "build" / "cpp-install"
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not found")
 
@@ -46,7 +45,7 @@ def cpp_build():
     if _with_cuda():
         major, minor = torch.cuda.get_device_capability()
         args += ["-DTORCH_WMMAE_WITH_CUDA=ON", f"-DTORCH_CUDA_ARCH_LIST={major}.{minor}"]
-    _run(["cmake", "-S", ROOT, "-B", BUILD, *args])
+    _run(["cmake", "-S", REPO_ROOT, "-B", BUILD, *args])
     _run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)])
     _run(["cmake", "--install", BUILD, "--prefix", PREFIX])
     return BUILD
@@ -54,7 +53,7 @@ def cpp_build():
 
 def _readme_device_example() -> str:
     """The CUDA code block of README's device-library section."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     section = readme.split("## The device library", 1)[1]
     return re.search(r"```cuda\n(.*?)```", section, re.DOTALL)[1]
 
@@ -137,7 +136,7 @@ def _build_against_installed_package(source: pathlib.Path, build: pathlib.Path, 
 
 def test_example_builds_against_the_installed_package(cpp_build, tmp_path):
     example_build = tmp_path / "example"
-    _build_against_installed_package(ROOT / "examples" / "cpp", example_build)
+    _build_against_installed_package(REPO_ROOT / "examples" / "cpp", example_build)
     out = _run([example_build / "matmul_example"])
     ours = float(out.split("corrected_matmul relative error vs float64:")[1].split()[0])
     fp32 = float(out.split("torch::matmul fp32 relative error vs float64:")[1].split()[0])
@@ -149,7 +148,7 @@ def test_program_using_only_the_dispatcher_keeps_the_library(cpp_build, tmp_path
     with --as-needed (the default of several distributions), the package's target must still keep the library,
     or the operators would not exist at run time."""
     build = tmp_path / "dispatcher_only"
-    _build_against_installed_package(ROOT / "tests" / "cpp" / "dispatcher_only", build,
+    _build_against_installed_package(REPO_ROOT / "tests" / "cpp" / "dispatcher_only", build,
                                      "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed")
     out = _run([build / "dispatcher_only"])
     assert "corrected_matmul through the dispatcher: relative error" in out, out
@@ -159,10 +158,9 @@ def test_program_built_from_the_source_tree(tmp_path):
     """add_subdirectory (or FetchContent) of the repository: the program links the same target and gets the same
     include directories, the device library's included, as from the installed package."""
     build = tmp_path / "from_source_tree"
-    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DTORCH_WMMAE_SOURCE={ROOT}",
+    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DTORCH_WMMAE_SOURCE={REPO_ROOT}",
             "-DCMAKE_BUILD_TYPE=Release"]
-    _run(["cmake", "-S", ROOT / "tests" / "cpp" / "from_source_tree", "-B", build, *args])
+    _run(["cmake", "-S", REPO_ROOT / "tests" / "cpp" / "from_source_tree", "-B", build, *args])
     _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
     out = _run([build / "from_source_tree"])
     assert float(out.split("relative error vs float64:")[1]) < 1e-6, out
-

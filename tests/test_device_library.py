@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import NO_IMPLICIT_HALF
+from conftest import NO_IMPLICIT_HALF, REPO_ROOT
 from test_fragment_map import SM80_FRAGMENTS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 CSRC = os.path.join(ROOT, "csrc")
 DEVICE_DIR = os.path.join(ROOT, "tests", "device")
 CHECKS = ["foreach_ij coverage", "map inverse", "load_matrix_with_op(identity)", "partial tile, odd ldm",

@@ -3,7 +3,6 @@ tests and files README points to exist."""
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 import runpy
 import subprocess
@@ -12,13 +11,11 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICES, child_process_env, random_tensor
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from conftest import DEVICES, REPO_ROOT, child_process_env, random_tensor
 
 
 def _readme_python_blocks() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     return re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
 
 
@@ -49,7 +46,7 @@ def test_train_mlp_example(device, tmp_path):
     passes, and it writes its results."""
     pytest.importorskip("sklearn", reason="the example's data set comes with scikit-learn")
     pytest.importorskip("matplotlib", reason="the example plots its loss curves")
-    result = subprocess.run([sys.executable, ROOT / "examples" / "train_mlp.py", "--device", device, "--epochs", "3",
+    result = subprocess.run([sys.executable, REPO_ROOT / "examples" / "train_mlp.py", "--device", device, "--epochs", "3",
                              "--out", tmp_path], capture_output=True, text=True, timeout=900, env=child_process_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     payload = json.loads((tmp_path / f"train_mlp_{device}.json").read_text())
@@ -62,12 +59,12 @@ def test_train_mlp_example(device, tmp_path):
 def test_readme_points_to_tests_and_files_that_exist():
     """Every test function README cites (`test_...`) is defined in tests/, and every test file and repository
     path it names (`tests/...`, `tools/...`, `benchmarks/...`, `examples/...`, `test_*.py`) is there."""
-    readme = (ROOT / "README.md").read_text()
-    defined = {name for path in (ROOT / "tests").glob("test_*.py")
+    readme = (REPO_ROOT / "README.md").read_text()
+    defined = {name for path in (REPO_ROOT / "tests").glob("test_*.py")
                for name in re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE)}
     cited = set(re.findall(r"`(test_\w+)`", readme))
     assert cited and cited <= defined, f"README cites tests that do not exist: {sorted(cited - defined)}"
     paths = set(re.findall(r"`((?:tests|tools|benchmarks|examples)/[\w./-]+)`", readme))
     paths |= {f"tests/{name}" for name in re.findall(r"`(test_\w+\.py)`", readme)}
-    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    missing = sorted(p for p in paths if not (REPO_ROOT / p).exists())
     assert len(paths) > 10 and not missing, f"README names paths that do not exist: {missing}"

@@ -16,9 +16,7 @@ import torch
 
 import torch_wmmae
 
-from conftest import HAS_CUDA, child_process_env
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from conftest import HAS_CUDA, REPO_ROOT, child_process_env
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -44,7 +42,7 @@ def test_exports():
 
 def test_build_takes_the_package_version():
     """setup.py's version is torch_wmmae.__version__ (its one definition; test_cpp_api.py checks CMake's)."""
-    proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == torch_wmmae.__version__
@@ -92,11 +90,11 @@ def test_build_without_torch_says_to_turn_off_build_isolation():
     one: it would fetch a torch other than the one the extension must match). setup.py stops with what to do."""
     script = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['setup.py', '--version']; "
               "runpy.run_path('setup.py', run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "pip install --no-build-isolation ." in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
-    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    requires = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     assert requires and not any(r.startswith("torch") for r in requires), requires
 
 
@@ -122,10 +120,10 @@ BUILD_OUTPUTS = (".so", ".o", ".pyc")
 
 def source_files() -> set:
     """The files of SDIST_DIRS and SDIST_TOP_FILES in this tree, less build outputs and caches."""
-    files = {name for name in SDIST_TOP_FILES if (REPO / name).is_file()}
+    files = {name for name in SDIST_TOP_FILES if (REPO_ROOT / name).is_file()}
     for folder in SDIST_DIRS:
-        for path in (REPO / folder).rglob("*"):
-            rel = path.relative_to(REPO)
+        for path in (REPO_ROOT / folder).rglob("*"):
+            rel = path.relative_to(REPO_ROOT)
             if path.is_file() and not path.name.endswith(BUILD_OUTPUTS) and not any(
                     part in ("__pycache__", ".pytest_cache", ".hypothesis") for part in rel.parts):
                 files.add(rel.as_posix())
@@ -142,7 +140,7 @@ def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     assert "csrc/wmmae/wmmae.hpp" in files and "MANIFEST.in" in files
     for name in files:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, checkout / name)
+        shutil.copy2(REPO_ROOT / name, checkout / name)
     env = child_process_env(TORCH_WMMAE_CPU_ONLY="1")
     dist = tmp_path / "dist"
     proc = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(dist)], cwd=checkout,
