@@ -307,17 +307,22 @@ def test_random_shapes_follow_torch_matmul(device, case):
 # --------------------------------------------------------------------------------------------------------
 # Wide exponent ranges: "auto" keeps float32 accuracy, "fp16" is documented to lose it
 # --------------------------------------------------------------------------------------------------------
-def _wide_values(gen, shape, device):
-    """Random signs times 2^U(-60, 60): twelve orders of magnitude of 10 in every row and column."""
-    mag = torch.exp2(torch.rand(shape, generator=gen, dtype=torch.float64) * 120 - 60)
+def _wide_values(gen, shape, device, half_width=60):
+    """Random signs times 2^U(-half_width, half_width): with 60, twelve orders of magnitude of 10 in every row
+    and column."""
+    mag = torch.exp2(torch.rand(shape, generator=gen, dtype=torch.float64) * 2 * half_width - half_width)
     return (random_signs(gen, shape) * mag).float().to(device)
 
 
+@pytest.mark.parametrize("half_width", [40, 60], ids=["tf32_split", "float32_path"])
 @pytest.mark.parametrize("shape", [(40, 36, 64), (33, 31, 200), (17, 15, 1000)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("method", ["auto", "tf32"])
-def test_wide_range_values(device, gen, method, shape):
+def test_wide_range_values(device, gen, method, shape, half_width):
+    """2^U(-40, 40): rows and columns spanning up to 2^80 each, 2^160 together, within the tf32 split's limits;
+    2^U(-60, 60): up to 2^240 together, beyond them (TF32_MAX_PAIR_SPAN), but the largest products make the
+    outputs, none is at risk, and the split's outputs stand."""
     m, n, k = shape
-    a, b = _wide_values(gen, (m, k), device), _wide_values(gen, (k, n), device)
+    a, b = _wide_values(gen, (m, k), device, half_width), _wide_values(gen, (k, n), device, half_width)
     check_against_fp32(a, b, method, slack=SPLIT_SLACK)
     out = corrected_matmul(a, b, method=method)
     err, err32 = componentwise_err(out, a, b), componentwise_err(torch.matmul(a, b), a, b)
@@ -420,22 +425,147 @@ def _row_spanning(gen, device, span):
     return a, b
 
 
+# The tf32 split's limits (corrected_matmul_scheme.hpp, tf32_spans_fit): in a tile whose rows or columns span more
+# than 2^150, or whose widest row and column span more than 2^180 together, the split's outputs are checked, and
+# the tile is computed again with float32 fused multiply-adds where one is smaller than K 2^-68 after its row's and
+# column's scaling (split_output_at_risk).
+TF32_MAX_LINE_SPAN, TF32_MAX_PAIR_SPAN = 150, 180
+
+
 @pytest.mark.parametrize("method", ["auto", "tf32"])
-@pytest.mark.parametrize("span", [
-    120, 154,
-    pytest.param(200, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "the tf32 split's documented limit (README, methods table): an element 2^155 or more below its row's "
-        "largest loses bits, and more than about 2^177 below it is lost; no path for such rows yet"))),
-])
-def test_tf32_keeps_small_elements_of_rows_spanning_under_2_155(device, gen, method, span):
-    """The limit of the tf32 split's per-line scaling (README, methods table), on both sides: an element less
-    than 2^155 below its row's largest keeps 22 bits (measured: 3.4u at a span of 154, 6.4u at 155, 31u at
-    158), also where its product alone makes the output."""
+@pytest.mark.parametrize("span", [120, 150, 151, 154, 200, 226])
+def test_small_elements_of_rows_spanning_any_range_keep_their_products(device, gen, method, span):
+    """An element far below its row's largest, whose product alone makes the outputs: within the split's
+    limit it keeps 22 bits (measured before the fallback: 3.4u at a span of 154, 6.4u at 155, 31u at 158, lost
+    from 177); beyond it, such outputs are at risk and the float32 fallback rounds the one product once, as
+    torch.matmul does."""
     a, b = _row_spanning(gen, device, span)
     ref = torch.matmul(a.double(), b.double())
-    out = corrected_matmul(a, b, method=method).double()
+    out = corrected_matmul(a, b, method=method)
     assert ((torch.matmul(a, b).double() - ref).abs() / ref.abs()).max().item() <= 2.0**-24  # (one rounding)
-    assert ((out - ref).abs() / ref.abs()).max().item() <= 2.0**-22
+    assert ((out.double() - ref).abs() / ref.abs()).max().item() <= 2.0**-22
+    if span > TF32_MAX_LINE_SPAN:
+        assert torch.equal(out, torch.matmul(a, b))
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+@pytest.mark.parametrize("below", [60, 90, 91, 106, 130])
+def test_products_of_elements_far_below_both_lines_largest(device, gen, method, below):
+    """Row i of a holds 2^100 and an element 2^-`below` of that, column j of b the same in other places, so
+    output (i, j) is the one product of the two small elements. The split scales each line's largest to 2^40,
+    that product to 2^(80 - 2 below): from below = 104 on it would fall into float32's subnormals (session 51,
+    emulation: 85 ulp at 106, the product lost from 115). Up to a span of 180 together (below = 90) the tiles
+    keep the split (22 bits per element, so up to about 2^-21 per product); beyond, the outputs are at risk and
+    the float32 fallback gives torch.matmul's one rounding."""
+    rows, k = 8, 16
+    def mantissas(n):
+        return random_signs(gen, (n,)) * (1 + torch.rand(n, generator=gen, dtype=torch.float64))
+    a = torch.zeros(rows, k, dtype=torch.float64)
+    b = torch.zeros(k, rows, dtype=torch.float64)
+    a[:, 0], a[:, 2] = mantissas(rows) * 2.0**100, mantissas(rows) * 2.0**(100 - below)
+    b[1, :], b[2, :] = mantissas(rows) * 2.0**100, mantissas(rows) * 2.0**(100 - below)
+    a, b = a.float().to(device), b.float().to(device)
+    ref = torch.matmul(a.double(), b.double())
+    out = corrected_matmul(a, b, method=method)
+    assert ((out.double() - ref).abs() / ref.abs()).max().item() <= 2.0**-21
+    if 2 * below > TF32_MAX_PAIR_SPAN:
+        assert torch.equal(out, torch.matmul(a, b))
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_float32_fallback_is_per_tile_and_only_where_outputs_are_at_risk(device, gen, method):
+    """Two rows spanning 2^200: row 140's large element meets zeros in b, so its outputs are tiny next to its
+    largest element and at risk, and its whole tile row (rows 128 to 255) is computed with float32 fused
+    multiply-adds: the CPU emulation's bits, float32's accuracy. Row 5's large element makes its outputs, none
+    is at risk, and its tile row keeps the tf32 split ("auto" too: row 5 is not fp16-safe): the other rows there
+    keep the bits that split gives them without row 5. The third tile row is untouched."""
+    a = random_tensor(gen, (300, 200), "normal", device)
+    b = random_tensor(gen, (200, 260), "normal", device)
+    b[3] = 0.0
+    wide = a.clone()
+    wide[140] *= 2.0**-100
+    wide[140, 3] = 2.0**100
+    wide[5, 9], wide[5, 11] = 2.0**100, 1.5 * 2.0**-100
+    with deterministic():
+        out, out_wide = corrected_matmul(a, b, method=method), corrected_matmul(wide, b, method=method)
+        split = corrected_matmul(a, b, method="tf32")
+    assert torch.equal(out_wide[256:], out[256:])
+    rows0 = [r for r in range(128) if r != 5]
+    assert torch.equal(out_wide[rows0], split[rows0])
+    assert not torch.equal(out_wide[128:140], out[128:140])  # (the other rows of the tile changed path)
+    cpu = corrected_matmul(wide.cpu(), b.cpu(), method=method)
+    assert torch.equal(out_wide[128:256].cpu(), cpu[128:256])
+    ref = torch.matmul(wide.double(), b.double())
+    for rows in [slice(128, 256), slice(140, 141), slice(5, 6)]:
+        err32 = rel_err(torch.matmul(wide, b)[rows], ref[rows])
+        assert rel_err(out_wide[rows], ref[rows]) <= SPLIT_SLACK * max(err32, U32)
+
+
+def _outputs_at_risk(gen, a_shape, b_shape):
+    """a and b whose outputs are all at risk: small values (random signs times 2^U(-60, -20)), and in every row
+    of a one element 2^62 (k = 0) that meets zeros in b, in every column of b one (k = 1) that meets zeros in a.
+    Every line spans more than 2^80, every row and column more than 2^180 together, and each output, of the
+    small values' products only, is about 2^-124 of what the scaling allows."""
+    def small(shape):
+        return random_signs(gen, shape) * torch.exp2(torch.rand(shape, generator=gen, dtype=torch.float64) * 40 - 60)
+    a, b = small(a_shape), small(b_shape)
+    a[..., 0] = random_signs(gen, a.shape[:-1]) * 2.0**62
+    a[..., 1] = 0.0
+    b[..., 0, :] = 0.0
+    b[..., 1, :] = random_signs(gen, b.shape[:-2] + b.shape[-1:]) * 2.0**62
+    return a.float(), b.float()
+
+
+FLOAT32_FALLBACK_CASES = {  # name: (a's shape, b's shape, a transposed, b transposed)
+    "odd": ((17, 1000), (1000, 15), False, False),
+    "two_rows": ((2, 33), (33, 130), False, False),
+    "transposed": ((130, 70), (70, 150), True, True),
+    "batched_broadcast": ((3, 130, 70), (70, 150), False, True),
+    "split_k": ((64, 16384), (16384, 96), False, False),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+@pytest.mark.parametrize("case", list(FLOAT32_FALLBACK_CASES))
+def test_float32_fallback_gives_the_cpu_emulations_bits(method, case):
+    """Where every output is at risk, the CUDA op's fallback (float32_fallback_kernel) runs the CPU emulation's
+    fused multiply-adds in the same order and chunks, so the outputs are the same bits: in odd, strided, batched
+    and split-K calls (where it overwrites what the splits added), NaN and Inf included."""
+    a_shape, b_shape, a_t, b_t = FLOAT32_FALLBACK_CASES[case]
+    gen = torch.Generator().manual_seed(sum(a_shape) + sum(b_shape))
+    a, b = _outputs_at_risk(gen, a_shape, b_shape)
+    a[..., 1, 5] = math.nan
+    b[..., 3, 1] = math.inf
+    if case == "split_k":
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        assert torch.ops.wmmae._corrected_matmul_grid(64, 96, 16384, 1, sm_count)[1] > 1, "no split-K on this GPU"
+    a_dev = a.mT.contiguous().cuda().mT if a_t else a.cuda()
+    b_dev = b.mT.contiguous().cuda().mT if b_t else b.cuda()
+    out = corrected_matmul(a_dev, b_dev, method=method)
+    want = corrected_matmul(a, b, method=method)
+    torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.isnan(want), torch.isnan(torch.matmul(a, b)))
+    assert torch.equal(torch.isinf(want), torch.isinf(torch.matmul(a, b)))
+    finite = torch.isfinite(want)
+    ref = torch.matmul(a.double(), b.double())
+    assert rel_err(want[finite], ref[finite]) <= parity_slack("cpu", a.shape[-1]) * max(
+        rel_err(torch.matmul(a, b)[finite], ref[finite]), U32)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_float32_fallback_beside_stream_k():
+    """"auto" with an fp16 GEMM that runs stream-K (128 x 11520 x 4096 on 132 SMs) where every output is at risk:
+    the fp16 GEMM leaves every tile to the tf32 one, and the fallback overwrites its outputs with the emulation's
+    bits (compared on 256 columns)."""
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    assert torch.ops.wmmae._corrected_matmul_grid(128, 11520, 4096, 1, sm_count)[3] > 0, "no stream-K on this GPU"
+    gen = torch.Generator().manual_seed(11)
+    a, b = _outputs_at_risk(gen, (128, 4096), (4096, 11520))
+    out = corrected_matmul(a.cuda(), b.cuda())
+    assert torch.equal(out[:, :256].cpu(), corrected_matmul(a, b[:, :256]))
 
 
 @pytest.mark.parametrize("span_exp", [10, 14])

@@ -78,11 +78,13 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
             most 28 (magnitudes within 2^29; smaller elements of wider rows lose bits) and its largest
             element is at least 2^-113; an Inf meeting an element that vanishes in fp16 gives NaN where
             float32 gives Inf. ``"tf32"`` splits into tf32 hi + tf32 residual after a power-of-two scaling of
-            each row/column that keeps clear of fp32's subnormals and overflow: accurate over the whole fp32
-            range (to 22 of 24 bits per element) for every element within 2^155 of its row's or column's
-            largest; elements further below lose bits, and those more than about 2^177 below are lost.
-            ``"auto"`` (default) uses fp16 where every row and column involved is fp16-safe and tf32
-            elsewhere, with tf32's limit; it decides on the device (no host sync).
+            each row/column that keeps clear of fp32's subnormals and overflow: accurate for every finite
+            fp32 input (to 22 of 24 bits per element); where rows and columns span so many binades that
+            small elements and products lose bits in fp32's subnormals (a 128x128 output tile whose lines
+            span more than 2^150, or 2^180 row and column together), the tile's outputs are checked on the
+            device and a tile with an output made of such products is computed again with float32 fused
+            multiply-adds (slow, but only there). ``"auto"`` (default) uses fp16 where every row and column
+            involved is fp16-safe and tf32 elsewhere; it decides on the device (no host sync).
     """
     _require_tensor("corrected_matmul", "a", a)
     _require_tensor("corrected_matmul", "b", b)

@@ -6,10 +6,15 @@
 //   corr += fp32( sum_k loA*hiB ); corr += fp32( sum_k hiA*loB )   (chained in their own accumulator)
 // chunk = main + corr * lo_unscale (a non-finite main is taken as it is: an Inf times a residual must not
 // turn into NaN); the chunks are summed in fp32, then the power-of-two row/column scaling is undone.
+// Which split an output element takes is decided per 128x128 output tile, as on the GPU: "auto" takes fp16
+// where every row and column of the tile is fp16-safe, tf32 elsewhere. A tf32 tile whose lines span more than
+// the split keeps (tf32_spans_fit) and which has an output at risk (split_output_at_risk) is computed again
+// with float32 fused multiply-adds, chunked the same way.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -27,9 +32,11 @@ struct HostHalfRounding {
 // hi/lo parts of one operand, K contiguous per row (A) or per column (B), for both splits.
 struct SplitOperand {
   std::int64_t rows, k;
-  std::vector<float> fp16_hi, fp16_lo, tf32_hi, tf32_lo;
+  std::vector<float> value, fp16_hi, fp16_lo, tf32_hi, tf32_lo;
   std::vector<int> fp16_shift, tf32_shift;  // power-of-two scaling exponent per row (line_shift)
-  std::vector<char> fp16_ok;                 // row is accurate in the fp16 split
+  std::vector<char> has_nonzero;             // the row holds a finite non-zero element
+  std::vector<char> tile_fp16_ok;  // per kGemmTile rows: every row is accurate in the fp16 split (fp16_safe)
+  std::vector<int> tile_span;      // per kGemmTile rows: the largest exponent_span of a row
 };
 
 // `mat` is [rows, k] (A as is, B transposed): any strides.
@@ -38,13 +45,16 @@ SplitOperand split_operand(const at::Tensor& mat) {
   s.rows = mat.size(0);
   s.k = mat.size(1);
   const std::size_t total = static_cast<std::size_t>(s.rows * s.k);
+  s.value.resize(total);
   s.fp16_hi.resize(total);
   s.fp16_lo.resize(total);
   s.tf32_hi.resize(total);
   s.tf32_lo.resize(total);
   s.fp16_shift.resize(s.rows);
   s.tf32_shift.resize(s.rows);
-  s.fp16_ok.resize(s.rows);
+  s.has_nonzero.resize(s.rows);
+  std::vector<char> fp16_ok(s.rows);
+  std::vector<int> span(s.rows);
   const auto acc = mat.accessor<float, 2>();
   at::parallel_for(0, s.rows, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t r = begin; r < end; ++r) {
@@ -54,10 +64,13 @@ SplitOperand split_operand(const at::Tensor& mat) {
       const int fp16_shift = line_shift<Method::fp16>(range), tf32_shift = line_shift<Method::tf32>(range);
       s.fp16_shift[r] = fp16_shift;
       s.tf32_shift[r] = tf32_shift;
-      s.fp16_ok[r] = fp16_safe(range);
+      fp16_ok[r] = fp16_safe(range);
+      span[r] = exponent_span(range);
+      s.has_nonzero[r] = range.max_exp != kNoExponent;
       for (std::int64_t k = 0; k < s.k; ++k) {
         const float v = acc[r][k];
         const std::size_t i = static_cast<std::size_t>(r * s.k + k);
+        s.value[i] = v;
         c10::Half hi, lo;
         wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
         s.fp16_hi[i] = static_cast<float>(hi);
@@ -68,7 +81,27 @@ SplitOperand split_operand(const at::Tensor& mat) {
       }
     }
   });
+  const std::int64_t tiles = (s.rows + kGemmTile - 1) / kGemmTile;
+  s.tile_fp16_ok.assign(tiles, 1);
+  s.tile_span.assign(tiles, 0);
+  for (std::int64_t r = 0; r < s.rows; ++r) {
+    s.tile_fp16_ok[r / kGemmTile] &= fp16_ok[r];
+    s.tile_span[r / kGemmTile] = std::max(s.tile_span[r / kGemmTile], span[r]);
+  }
   return s;
+}
+
+// The float32 path (tiles with an output at risk): one fused multiply-add per k, in the same chunks as the
+// split paths.
+float fma_dot(const float* a, const float* b, std::int64_t k, int chunk_length) {
+  float total = 0.0f;
+  for (std::int64_t c0 = 0; c0 < k; c0 += chunk_length) {
+    const std::int64_t c1 = std::min<std::int64_t>(k, c0 + chunk_length);
+    float chunk = 0.0f;
+    for (std::int64_t i = c0; i < c1; ++i) chunk = std::fma(a[i], b[i], chunk);
+    total = c0 == 0 ? chunk : total + chunk;
+  }
+  return total;
 }
 
 float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, std::int64_t k,
@@ -97,22 +130,42 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
   const SplitOperand sa = split_operand(a);
   const SplitOperand sb = split_operand(b.t());
   const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
-  const int chunk = accumulation_chunk(m, n);
-  at::parallel_for(0, m, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        const bool use_fp16 = method == Method::fp16 || (method == Method::automatic && sa.fp16_ok[i] && sb.fp16_ok[j]);
-        const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
-        float v;
-        if (use_fp16) {
-          v = corrected_dot(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k, kFp16KStep,
-                            wmmae::kFp16ResidualUnscale, chunk);
-          v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
-        } else {
-          v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep, 1.0f, chunk);
-          v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
+  const int chunk = accumulation_chunk(m, n), log2_k = ceil_log2(k);
+  const std::int64_t tiles_m = (m + kGemmTile - 1) / kGemmTile, tiles_n = (n + kGemmTile - 1) / kGemmTile;
+  at::parallel_for(0, tiles_m, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t ti = begin; ti < end; ++ti) {
+      const std::int64_t i0 = ti * kGemmTile, i1 = std::min(m, i0 + kGemmTile);
+      for (std::int64_t tj = 0; tj < tiles_n; ++tj) {
+        const std::int64_t j0 = tj * kGemmTile, j1 = std::min(n, j0 + kGemmTile);
+        const bool use_fp16 =
+            method == Method::fp16 || (method == Method::automatic && sa.tile_fp16_ok[ti] && sb.tile_fp16_ok[tj]);
+        const bool check = !use_fp16 && !tf32_spans_fit(sa.tile_span[ti], sb.tile_span[tj]);
+        bool at_risk = false;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          for (std::int64_t j = j0; j < j1; ++j) {
+            const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
+            float v;
+            if (use_fp16) {
+              v = corrected_dot(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k, kFp16KStep,
+                                wmmae::kFp16ResidualUnscale, chunk);
+              v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
+            } else {
+              v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep,
+                                1.0f, chunk);
+              v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
+              at_risk |= check && sa.has_nonzero[i] && sb.has_nonzero[j] &&
+                         split_output_at_risk(v, sa.tf32_shift[i] + sb.tf32_shift[j], log2_k);
+            }
+            out[i * n + j] = v;
+          }
         }
-        out[i * n + j] = v;
+        if (!at_risk) continue;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          for (std::int64_t j = j0; j < j1; ++j) {
+            out[i * n + j] = fma_dot(&sa.value[static_cast<std::size_t>(i * k)],
+                                     &sb.value[static_cast<std::size_t>(j * k)], k, chunk);
+          }
+        }
       }
     }
   });

@@ -22,6 +22,10 @@
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
 //    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
+// 4. "tf32" and "auto": where the tf32 GEMM computed a tile whose lines span more exponents than its split
+//    keeps (tf32_spans_fit), float32_fallback_kernel (float32_fallback.cuh), launched after it, checks the
+//    tile's outputs and computes it again with float32 fused multiply-adds where one is at risk
+//    (split_output_at_risk); it returns at once where there is no such tile, again decided on the device.
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -120,6 +124,9 @@ struct GemmArgs {
   // automatic: set to 1 by the fp16 kernel when it leaves a tile to the tf32 kernel (launched after it),
   // which returns at once while it is 0 instead of reading every tile's line ranges.
   int* tf32_tiles_pending;
+  // tf32 and auto: set to 1 by the tf32 kernel when it computes a tile beyond tf32_spans_fit, whose outputs
+  // float32_fallback_kernel (launched after it) checks; that kernel returns at once while it is 0.
+  int* wide_tiles_pending;
   // Split-K: blockIdx.y takes K elements [y * k_per_split, (y + 1) * k_per_split). With more than one split
   // the output starts zeroed and every chunk result is added with an fp32 atomic (no workspace).
   int k_splits;
@@ -618,6 +625,22 @@ struct TileGeometry {
   __device__ static constexpr int offset(int r, int c, int ld) { return kRowMajor ? r * ld + c : c * ld + r; }
 };
 
+// Per-line power-of-two scales of one output tile in shared memory: rows of A, columns of B; and for the tf32
+// kernels, the widest line (exponent_span) of each warp's lines (see load_line_scales).
+struct LineScales {
+  float* a_scale;  // [kBlockM]
+  float* b_scale;  // [kBlockN]
+  int* a_shift;    // [kBlockM], log2 of a_scale
+  int* b_shift;    // [kBlockN]
+  int* warp_span;  // [kThreads / 32]
+  static constexpr std::size_t kBytes =
+      (sizeof(float) + sizeof(int)) * (kBlockM + kBlockN) + sizeof(int) * kThreads / 32;
+  __device__ explicit LineScales(void* smem)
+      : a_scale(static_cast<float*>(smem)), b_scale(a_scale + kBlockM),
+        a_shift(reinterpret_cast<int*>(b_scale + kBlockN)), b_shift(a_shift + kBlockM),
+        warp_span(b_shift + kBlockN) {}
+};
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 struct GemmConfig {
   using T = MethodTraits<M>;
@@ -635,8 +658,7 @@ struct GemmConfig {
   // Dynamic shared memory: fp32 stages, then double-buffered hi/lo tiles, then per-line scales.
   static constexpr std::size_t kStageBytes = sizeof(float) * kStages * (kStageA + kStageB);
   static constexpr std::size_t kSplitBytes = sizeof(Split) * 2 * 2 * (kSplitA + kSplitB);
-  static constexpr std::size_t kScaleBytes = (sizeof(float) + sizeof(int)) * (kBlockM + kBlockN);
-  static constexpr std::size_t kSmemBytes = kStageBytes + kSplitBytes + kScaleBytes;
+  static constexpr std::size_t kSmemBytes = kStageBytes + kSplitBytes + LineScales::kBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
 };
 
@@ -758,22 +780,11 @@ class BlockWork {
   TileWork* pieces_;
 };
 
-// Per-line power-of-two scales of one output tile in shared memory: rows of A, columns of B.
-struct LineScales {
-  float* a_scale;  // [kBlockM]
-  float* b_scale;  // [kBlockN]
-  int* a_shift;    // [kBlockM], log2 of a_scale
-  int* b_shift;    // [kBlockN]
-  static constexpr std::size_t kBytes = (sizeof(float) + sizeof(int)) * (kBlockM + kBlockN);
-  __device__ explicit LineScales(void* smem)
-      : a_scale(static_cast<float*>(smem)), b_scale(a_scale + kBlockM),
-        a_shift(reinterpret_cast<int*>(b_scale + kBlockN)), b_shift(a_shift + kBlockM) {}
-};
-
 // What load_line_scales found about the tile's lines (the same in every thread).
 struct TileLines {
   bool fp16_safe;     // every line is fp16-safe ("auto": the fp16 kernel's tile)
   bool small_shifts;  // every shift is within +-kDirectShift: see unscale_direct
+  bool beyond_split_limit;  // (tf32 only) the lines span more than tf32_spans_fit: see float32_fallback_kernel
 };
 // Shifts up to this size make every output element's unscaling factor 2^-(a_shift + b_shift) a normal float.
 constexpr int kDirectShift = 63;
@@ -786,26 +797,53 @@ __device__ __forceinline__ float unscale_direct(float v, int shift) {
 
 // Fills the line scales of method M of the tile at (m0, n0) of batch entry z from the exponent pre-pass and
 // says what it found (TileLines). Block-wide barriers.
+// The tile's widest row and column (exponent_span), for tf32_spans_fit: where thread r takes line r (rows of A
+// in warps 0-3, columns of B in warps 4-7), each warp's widest line goes to warp_span[warp] in shared memory,
+// and after a block barrier every thread reads the same answer.
+__device__ __forceinline__ void publish_warp_span(int span, int* warp_span) {
+  const int widest = __reduce_max_sync(0xffffffffu, span);
+  if (threadIdx.x % 32 == 0) warp_span[threadIdx.x / 32] = widest;
+}
+__device__ __forceinline__ bool tile_spans_fit_tf32(const int* warp_span) {
+  int row_span = 0, col_span = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < kBlockM / 32) {
+      row_span = max(row_span, warp_span[w]);
+    } else {
+      col_span = max(col_span, warp_span[w]);
+    }
+  }
+  return tf32_spans_fit(row_span, col_span);
+}
+
+// Thread r takes line r: rows of A in warps 0-3, columns of B in warps 4-7.
 template <Method M>
 __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
                                              std::int64_t m0, std::int64_t n0) {
-  bool lines_fp16_safe = true, small_shifts = true;
-  for (int r = threadIdx.x; r < kBlockM + kBlockN; r += blockDim.x) {
-    const bool is_a = r < kBlockM;
-    const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
-    const std::int64_t extent = is_a ? args.m : args.n;
-    int shift = 0;
-    if (line < extent) {
-      const ExponentRange range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
-      shift = line_shift<M>(range);
-      lines_fp16_safe &= fp16_safe(range);
-    }
-    small_shifts &= shift >= -kDirectShift && shift <= kDirectShift;
-    (is_a ? ls.a_shift[r] : ls.b_shift[r - kBlockM]) = shift;
-    (is_a ? ls.a_scale[r] : ls.b_scale[r - kBlockM]) = ldexpf(1.0f, shift);
+  static_assert(kBlockM + kBlockN == kThreads && kBlockM % 32 == 0,
+                "a line per thread, A's and B's in whole warps");
+  const int r = threadIdx.x;
+  const bool is_a = r < kBlockM;
+  const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
+  const std::int64_t extent = is_a ? args.m : args.n;
+  int shift = 0, span = 0;
+  bool line_fp16_safe = true;
+  if (line < extent) {
+    const ExponentRange range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
+    shift = line_shift<M>(range);
+    span = exponent_span(range);
+    line_fp16_safe = fp16_safe(range);
   }
-  const bool all_safe = __syncthreads_and(lines_fp16_safe);
-  return TileLines{all_safe, static_cast<bool>(__syncthreads_and(small_shifts))};
+  (is_a ? ls.a_shift[r] : ls.b_shift[r - kBlockM]) = shift;
+  (is_a ? ls.a_scale[r] : ls.b_scale[r - kBlockM]) = ldexpf(1.0f, shift);
+  if constexpr (M == Method::tf32) publish_warp_span(span, ls.warp_span);
+  TileLines lines{};
+  lines.fp16_safe = __syncthreads_and(line_fp16_safe);
+  lines.small_shifts = __syncthreads_and(shift >= -kDirectShift && shift <= kDirectShift);
+  // (warp_span is read after the barriers above)
+  if constexpr (M == Method::tf32) lines.beyond_split_limit = !tile_spans_fit_tf32(ls.warp_span);
+  return lines;
 }
 
 // One chunk's result for an output element: the hi*hi sum plus the unscaled corrections, or the hi*hi sum
@@ -959,6 +997,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
       if (M == Method::fp16 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       continue;
     }
+    if (M == Method::tf32 && lines.beyond_split_limit && threadIdx.x == 0) *args.wide_tiles_pending = 1;
 
     const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);
@@ -1138,6 +1177,7 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
 }  // namespace wmmae_ops
 
 #include "corrected_gemm_sm90.cuh"
+#include "float32_fallback.cuh"
 #include "resident_prepass_sm90.cuh"
 
 namespace wmmae_ops {
@@ -1413,16 +1453,18 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const bool resident = false;
 #endif
   // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
-  // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending; then
-  // the resident pre-pass's counts per batch entry, its next item and its SM claims (ResidentPrepassArgs).
+  // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending and
+  // wide_tiles_pending; then the resident pre-pass's counts per batch entry, its next item and its SM claims
+  // (ResidentPrepassArgs).
   const std::int64_t per = plan.batch * (plan.m + plan.n);
   const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
   // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
   // host 1.4-12 us more per call: H200, two same-build pairs of runs).
-  const at::Tensor ranges = at::empty({3 * per + 1 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
+  const at::Tensor ranges = at::empty({3 * per + 2 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
   int* base = ranges.data_ptr<int>();
   launch_zero_workspace(base, ranges.numel(), sm_count, kernels.overlap_launches, stream);
   args.tf32_tiles_pending = base + 3 * per;
+  args.wide_tiles_pending = base + 3 * per + 1;
   const std::int64_t a_block = plan.batch * plan.m;
   args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
   args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
@@ -1430,7 +1472,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
 #ifdef WMMAE_HAS_SM90A
   if (resident) {
-    prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 1, sm_count,
+    prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 2, sm_count,
                                                stream, resident_maps);
     if (prepass_launched) gemm_maps = &resident_maps;
   }
@@ -1447,6 +1489,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (method != Method::fp16) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
                               kernels, sm_count);
+    launch_float32_fallback(args, sm_count, kernels.overlap_launches, stream);  // checks tiles beyond its split
   }
   return out;
 }

@@ -96,8 +96,8 @@ constexpr int kMaxShift = 127;
 // Scaling a line by 2^(kTf32TargetExp - max_exp) puts its largest magnitude in [2^40, 2^41): products stay
 // below 2^82, so sums of up to 2^45 of them stay finite, and every element at most 155 binades below the
 // line's largest keeps 2^-22 relative accuracy (and a still smaller one a non-zero high part: see
-// split_tf32_scaled). Powers of two scale exactly: where nothing underflows or overflows, the bits are those of
-// the unscaled split.
+// split_tf32_scaled); see tf32_spans_fit for tiles with wider lines. Powers of two
+// scale exactly: where nothing underflows or overflows, the bits are those of the unscaled split.
 constexpr int kTf32TargetExp = 40;
 
 // Power-of-two exponent a line is multiplied by before the split of method M (0 for lines without a finite
@@ -119,6 +119,48 @@ WMMAE_HD inline wmmae::Tf32Split split_tf32_scaled(float v, float scale) {
     t.lo = -t.hi;
   }
   return t;
+}
+
+// Where the tf32 split may stop being accurate. A line's elements are scaled to at least 2^(40 - span) (span:
+// max_exp - min_exp), so in a 128x128 output tile whose rows span at most kTf32MaxLineSpan and whose widest row
+// and column span at most kTf32MaxPairSpan together (tf32_spans_fit), every element is scaled to at least
+// 2^-110, whose residual is a normal float32 and keeps 22 bits of it, and every product of two is at least
+// 2^-100, whose correction products stay clear of float32's subnormals. Beyond that (exponents spread over
+// 2^U(-60, 60), for example) elements and products far below their lines' largest lose bits in the subnormals
+// (an element from 2^155 below its line's largest, lost from 2^177: session 50; a product of two elements
+// 2^106 below theirs, 85 ulp in the emulation: session 51), up to about 2^-94 of each product in the scaled
+// domain. That matters only where such products make up an output, which is then small: an output whose
+// scaled magnitude is at least K 2^-68 keeps float32's accuracy whatever its products lost. So in a tile beyond
+// the limits the split's outputs are checked (split_output_at_risk), and where one is smaller, the whole tile
+// is computed again with one float32 fused multiply-add per product, as torch.matmul computes it.
+constexpr int kTf32MaxLineSpan = 150;
+constexpr int kTf32MaxPairSpan = 180;
+constexpr int kTf32FloorExponent = -68;
+
+// max_exp - min_exp of a line with a finite non-zero element, 0 for one without.
+WMMAE_HD inline int exponent_span(ExponentRange r) { return r.max_exp == kNoExponent ? 0 : r.max_exp - r.min_exp; }
+
+// Whether the tf32 split keeps every element and product of a tile whose widest row and column span these
+// exponents.
+WMMAE_HD inline bool tf32_spans_fit(int row_span, int col_span) {
+  return row_span <= kTf32MaxLineSpan && col_span <= kTf32MaxLineSpan && row_span + col_span <= kTf32MaxPairSpan;
+}
+
+// ceil(log2(k)) for k >= 1.
+WMMAE_HD inline int ceil_log2(std::int64_t k) {
+  int e = 0;
+  while ((std::int64_t{1} << e) < k) ++e;
+  return e;
+}
+
+// Whether a tf32 split output c of a tile beyond tf32_spans_fit may have lost float32 accuracy: a finite c
+// whose magnitude, scaled by its row's and column's tf32 shifts (shift_sum), is below 2^(kTf32FloorExponent +
+// log2_k) (zero included). Outputs of lines without a finite non-zero element are exact: the caller leaves
+// them out.
+WMMAE_HD inline bool split_output_at_risk(float c, int shift_sum, int log2_k) {
+  const std::uint32_t mag = wmmae::float_bits(c) & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return false;  // Inf or NaN: propagated as float32 does
+  return mag == 0 || wmmae::float_exponent(c) + shift_sum < kTf32FloorExponent + log2_k;
 }
 
 // True when the fp16 split represents every element of the row to about 2^-22 relative accuracy.
