@@ -175,6 +175,23 @@ def random_signs(gen: torch.Generator, shape) -> torch.Tensor:
     return torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0).double()
 
 
+def outputs_at_risk(gen: torch.Generator, a_shape, b_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 a and b (on the CPU) whose corrected_matmul outputs are all at risk in the tf32 split
+    (split_output_at_risk), so that "tf32" and "auto" recompute every tile with float32 FMAs: small values
+    (random signs times 2^U(-60, -20)), and in every row of a one element 2^62 (k = 0) that meets zeros in b,
+    in every column of b one (k = 1) that meets zeros in a. Every line spans more than 2^80, every row and
+    column more than 2^180 together, and each output, of the small values' products only, is about 2^-124 of
+    what the scaling allows."""
+    def small(shape):
+        return random_signs(gen, shape) * torch.exp2(torch.rand(shape, generator=gen, dtype=torch.float64) * 40 - 60)
+    a, b = small(a_shape), small(b_shape)
+    a[..., 0] = random_signs(gen, a.shape[:-1]) * 2.0**62
+    a[..., 1] = 0.0
+    b[..., 0, :] = 0.0
+    b[..., 1, :] = random_signs(gen, b.shape[:-2] + b.shape[-1:]) * 2.0**62
+    return a.float(), b.float()
+
+
 def random_tensor_in_layout(shape, reversed_order: bool, gen: torch.Generator, device="cpu") -> torch.Tensor:
     """N(0, 1) float32 of `shape`, stored with its dimensions in reversed order when `reversed_order` (a
     column-major matrix for 2-D shapes; non-contiguous)."""

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, assert_memory_savers_keep_gradients, U32, deterministic, leaves, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, assert_memory_savers_keep_gradients, U32, deterministic, leaves, outputs_at_risk, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -501,21 +501,6 @@ def test_float32_fallback_is_per_tile_and_only_where_outputs_are_at_risk(device,
         assert rel_err(out_wide[rows], ref[rows]) <= SPLIT_SLACK * max(err32, U32)
 
 
-def _outputs_at_risk(gen, a_shape, b_shape):
-    """a and b whose outputs are all at risk: small values (random signs times 2^U(-60, -20)), and in every row
-    of a one element 2^62 (k = 0) that meets zeros in b, in every column of b one (k = 1) that meets zeros in a.
-    Every line spans more than 2^80, every row and column more than 2^180 together, and each output, of the
-    small values' products only, is about 2^-124 of what the scaling allows."""
-    def small(shape):
-        return random_signs(gen, shape) * torch.exp2(torch.rand(shape, generator=gen, dtype=torch.float64) * 40 - 60)
-    a, b = small(a_shape), small(b_shape)
-    a[..., 0] = random_signs(gen, a.shape[:-1]) * 2.0**62
-    a[..., 1] = 0.0
-    b[..., 0, :] = 0.0
-    b[..., 1, :] = random_signs(gen, b.shape[:-2] + b.shape[-1:]) * 2.0**62
-    return a.float(), b.float()
-
-
 FLOAT32_FALLBACK_CASES = {  # name: (a's shape, b's shape, a transposed, b transposed)
     "odd": ((17, 1000), (1000, 15), False, False),
     "two_rows": ((2, 33), (33, 130), False, False),
@@ -535,7 +520,7 @@ def test_float32_fallback_gives_the_cpu_emulations_bits(method, case):
     and split-K calls (where it overwrites what the splits added), NaN and Inf included."""
     a_shape, b_shape, a_t, b_t = FLOAT32_FALLBACK_CASES[case]
     gen = torch.Generator().manual_seed(sum(a_shape) + sum(b_shape))
-    a, b = _outputs_at_risk(gen, a_shape, b_shape)
+    a, b = outputs_at_risk(gen, a_shape, b_shape)
     a[..., 1, 5] = math.nan
     b[..., 3, 1] = math.inf
     if case == "split_k":
@@ -563,7 +548,7 @@ def test_float32_fallback_beside_stream_k():
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     assert torch.ops.wmmae._corrected_matmul_grid(128, 11520, 4096, 1, sm_count)[3] > 0, "no stream-K on this GPU"
     gen = torch.Generator().manual_seed(11)
-    a, b = _outputs_at_risk(gen, (128, 4096), (4096, 11520))
+    a, b = outputs_at_risk(gen, (128, 4096), (4096, 11520))
     out = corrected_matmul(a.cuda(), b.cuda())
     assert torch.equal(out[:, :256].cpu(), corrected_matmul(a, b[:, :256]))
 

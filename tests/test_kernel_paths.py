@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, deterministic, launched_kernels, persistent_slots_batch, profiler_records_kernels,
-                      random_tensor, random_tensor_in_layout, requires_cuda, runs_sm90_gemm)
+from conftest import (DEVICES, deterministic, launched_kernels, outputs_at_risk, persistent_slots_batch,
+                      profiler_records_kernels, random_tensor, random_tensor_in_layout, requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -48,6 +48,21 @@ def gemm_device(request, monkeypatch) -> str:
     else:
         monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     return "cpu" if request.param == "cpu" else "cuda"
+
+
+@pytest.mark.parametrize("method", ["tf32", "auto"])
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_corrected_matmul_float32_fallback_paths(gemm_device, gen, method, a_col, b_col):
+    """The float32 fallback after every tf32 GEMM instantiation (float32_fallback.cuh): with every output at risk
+    (conftest.outputs_at_risk) every tile is computed again with float32 FMAs, over two chunks of K and a
+    partial one, after a split-K GEMM where it runs one: the CPU emulation's bits, float32's accuracy."""
+    a, b = outputs_at_risk(gen, (48, 2100), (2100, 40))
+    a_dev = (a.mT.contiguous().mT if a_col else a).to(gemm_device)
+    b_dev = (b.mT.contiguous().mT if b_col else b).to(gemm_device)
+    out = torch_wmmae.corrected_matmul(a_dev, b_dev, method=method)
+    assert torch.equal(out.cpu(), torch_wmmae.corrected_matmul(a, b, method=method))
+    assert_matmul_within_dot_product_bound(out, a_dev, b_dev)
 
 
 @pytest.mark.parametrize("method", METHODS)
