@@ -795,8 +795,6 @@ __device__ __forceinline__ float unscale_direct(float v, int shift) {
   return __fmul_rn(v, __int_as_float((127 - shift) << 23));
 }
 
-// Fills the line scales of method M of the tile at (m0, n0) of batch entry z from the exponent pre-pass and
-// says what it found (TileLines). Block-wide barriers.
 // The tile's widest row and column (exponent_span), for tf32_spans_fit: where thread r takes line r (rows of A
 // in warps 0-3, columns of B in warps 4-7), each warp's widest line goes to warp_span[warp] in shared memory,
 // and after a block barrier every thread reads the same answer.
@@ -817,7 +815,9 @@ __device__ __forceinline__ bool tile_spans_fit_tf32(const int* warp_span) {
   return tf32_spans_fit(row_span, col_span);
 }
 
-// Thread r takes line r: rows of A in warps 0-3, columns of B in warps 4-7.
+// Fills the line scales of method M of the tile at (m0, n0) of batch entry z from the exponent pre-pass and
+// says what it found (TileLines). Thread r takes line r: rows of A in warps 0-3, columns of B in warps 4-7.
+// Block-wide barriers.
 template <Method M>
 __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
                                              std::int64_t m0, std::int64_t n0) {
