@@ -1489,7 +1489,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (method != Method::fp16) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
                               kernels, sm_count);
-    launch_float32_fallback(args, sm_count, kernels.overlap_launches, stream);  // checks tiles beyond its split
+    launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split
   }
   return out;
 }

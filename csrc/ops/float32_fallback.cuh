@@ -4,120 +4,139 @@
 // the split lost below float32's normal range may matter, computes the whole tile again with one float32 fused
 // multiply-add per product, as torch.matmul does, summed in the split paths' chunks of K. Such tiles are rare
 // (a row holding magnitudes 2^150 apart, or outputs far smaller than their rows' and columns' largest
-// elements allow), so the recomputation is plain: 64 threads, 8x8 outputs each, slabs of 32 k of A and B through
-// shared memory. A kernel of its own: inlined into the tf32 GEMMs (as a call too), its registers made
-// ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after GemmArgs and the tile helpers.
+// elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 16 k of A and B
+// through shared memory by cp.async, four in flight. A kernel of its own: inlined into the tf32 GEMMs (as a call
+// too), its registers made ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after GemmArgs,
+// the tile helpers and the cp.async helpers.
 #pragma once
 
 namespace wmmae_ops {
 
 // The kernel is launched in nearly every "tf32" and "auto" call and nearly always only reads wide_tiles_pending
-// and returns, so its blocks are small: one of 64 threads per SM (128 registers each). On an H100, per "auto" call
-// of 64 x 512^3 against a build without the kernel (session 51, same run): 256 threads per SM +10-12%, four
-// blocks of 64 per SM +10%, one +2%; a probe kernel of 256 threads with few registers and the same shared memory
-// +1% (why the registers of its resident blocks cost, not found). The recomputation is then slow: 4096^3 with
-// every output at risk 17.7 ms with four blocks per SM, torch.matmul 2.6 ms.
-constexpr int kFallbackThreads = 64;
-constexpr int kFmaSlabK = 32;
-constexpr int kFmaQuad = 64;  // the tile is recomputed in four 64x64 quadrants, 8x8 outputs per thread
-// A slab holds kFmaQuad lines of kFmaSlabK elements, k-major, padded so that a warp storing 32 k of one line
-// hits 32 banks.
-constexpr int kFmaSlabLd = kFmaQuad + 1;
-constexpr int kFmaScratchFloats = 2 * kFmaSlabK * kFmaSlabLd;  // A's slab and B's
+// and returns, so its blocks are small: 128 threads of 64 registers (on an H100, session 51, per "auto" call of
+// 64 x 512^3 against a build without the kernel: blocks of 8192 registers 2%, of 32768 10-12%). Each block
+// also asks for more than half of an SM's shared memory (fallback_smem_bytes), so that an SM holds one. Launched
+// to overlap the tf32 GEMM, the blocks are placed as the GEMM's blocks leave their SMs, and without that the first
+// SMs to empty took many blocks each (session 52, H100, every tile recomputed: 4096^3 51 -> 25 ms, 1024^3 1.6 ->
+// 0.7 ms; the calls that only read wide_tiles_pending kept their time).
+constexpr int kFallbackThreads = 128;
+constexpr int kFmaQuad = 64;    // the tile is recomputed in four 64x64 quadrants
+constexpr int kFmaSlabK = 16;   // k per slab
+constexpr int kFmaStages = 4;   // slabs in shared memory: the next three's copies are in flight while one is summed
+// A slab holds kFmaQuad lines of kFmaSlabK elements, k-major. Rows of kFmaQuad + 4 floats: 16-byte aligned for
+// the float4 reads, and a warp copying 16 k of two lines (K contiguous) meets each bank at most twice.
+constexpr int kFmaSlabLd = kFmaQuad + 4;
+constexpr int kFmaSlabFloats = kFmaSlabK * kFmaSlabLd;
+constexpr int kFmaScratchFloats = kFmaStages * 2 * kFmaSlabFloats;  // A's slabs, then B's
 
 // One operand as lines (rows of A, columns of B) of K elements: element (line, kk) at
 // p[line * line_stride + kk * k_stride].
 struct FmaOperand {
   const float* p;
   std::int64_t lines, line_stride, k_stride;
-  // Consecutive threads load consecutive k where K is the contiguous dimension, else consecutive lines.
+  // Consecutive threads copy consecutive k where K is the contiguous dimension, else consecutive lines.
   __device__ bool k_contiguous() const { return k_stride == 1; }
 };
 
 namespace fma_tile {
 
-constexpr int kSpread = kFmaQuad / 8;  // a thread's 8 rows (columns) of a quadrant are kSpread apart
-static_assert(kFallbackThreads == kSpread * kSpread, "one thread per 8x8 outputs of a quadrant");
-constexpr int kPerThread = kFmaQuad * kFmaSlabK / kFallbackThreads;  // slab elements each thread copies
-constexpr int kBatch = 16;  // loads in flight together
-static_assert(kPerThread % kBatch == 0, "whole batches");
+// Thread t sums the outputs of rows 4 (t / 8) + i (i < 4) and columns 4 (t % 8) + j and 32 + 4 (t % 8) + j
+// (j < 4) of a quadrant: one float4 of A's slab and two of B's per k, a warp's float4s contiguous.
+constexpr int kRowsPerThread = 4, kColsPerThread = 8;
+static_assert(kFallbackThreads * kRowsPerThread * kColsPerThread == kFmaQuad * kFmaQuad, "one quadrant");
+constexpr int kCopies = kFmaQuad * kFmaSlabK / kFallbackThreads;  // elements each thread copies per operand slab
 
-// Copies the slab at k0 of lines [line0, line0 + kFmaQuad) into `slab` (zeros outside the operand and at
-// k >= k_end), k-major. Thread t's q-th element is (line, kk) + q * (line_step, k_step): kBatch loads, then
-// their stores, one pointer and one stride per operand (per-element offsets, hoisted out of the loops, spilled).
-__device__ __forceinline__ void store_slab(const FmaOperand& op, std::int64_t line0, std::int64_t k0,
-                                           std::int64_t k_end, float* slab) {
+// Starts the copies (cp.async) of the slab at k0 of lines [line0, line0 + kFmaQuad) into `slab`, k-major; zeros
+// outside the operand and at k >= k_end. Thread t's q-th element is (line, kk) + q * (line_step, k_step), its
+// address stepped in a loop (unrolled, ptxas kept 16 addresses per operand and spilled them).
+__device__ __forceinline__ void copy_slab(const FmaOperand& op, std::int64_t line0, std::int64_t k0,
+                                          std::int64_t k_end, float* slab) {
   const bool along_k = op.k_contiguous();
   const int t = threadIdx.x;
   const int line = along_k ? t / kFmaSlabK : t % kFmaQuad, kk = along_k ? t % kFmaSlabK : t / kFmaQuad;
   const int line_step = along_k ? kFallbackThreads / kFmaSlabK : 0, k_step = along_k ? 0 : kFallbackThreads / kFmaQuad;
-  const float* p = op.p + (line0 + line) * op.line_stride + (k0 + kk) * op.k_stride;
-  const std::int64_t step = line_step * op.line_stride + k_step * op.k_stride;
+  std::int64_t l = line0 + line, k = k0 + kk;
+  const float* src = op.p + l * op.line_stride + k * op.k_stride;
+  const std::int64_t src_step = line_step * op.line_stride + k_step * op.k_stride;
+  float* dst = slab + kk * kFmaSlabLd + line;
 #pragma unroll 1
-  for (int q0 = 0; q0 < kPerThread; q0 += kBatch) {
-    float v[kBatch];
-#pragma unroll
-    for (int q = q0; q < q0 + kBatch; ++q) {
-      const bool inside = line0 + line + q * line_step < op.lines && k0 + kk + q * k_step < k_end;
-      v[q - q0] = inside ? p[q * step] : 0.0f;
-    }
-#pragma unroll
-    for (int q = q0; q < q0 + kBatch; ++q) slab[(kk + q * k_step) * kFmaSlabLd + line + q * line_step] = v[q - q0];
+  for (int q = 0; q < kCopies; ++q) {
+    const bool inside = l < op.lines && k < k_end;
+    cp_async4(dst, inside ? src : op.p, inside);
+    l += line_step;
+    k += k_step;
+    src += src_step;
+    dst += k_step * kFmaSlabLd + line_step;
   }
 }
 
 }  // namespace fma_tile
 
 // Outputs [m0, m0 + kFmaQuad) x [n0, n0 + kFmaQuad) of c (leading dimension ldc) over all of K, in chunks of
-// `chunk` elements, each summed from zero and added to the output (the first stored), as
-// corrected_matmul_scheme.hpp sums chunks. `scratch`: kFmaScratchFloats of shared memory. Block-wide barriers;
-// blockDim.x must be kFallbackThreads.
+// `chunk` elements, each summed from zero by one fused multiply-add per k and added to the output (the first
+// stored), as corrected_matmul_scheme.hpp sums chunks and fma_dot (corrected_matmul_cpu.cpp) emulates.
+// `scratch`: kFmaScratchFloats of shared memory. Block-wide barriers; blockDim.x must be kFallbackThreads.
 __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, float* c, std::int64_t ldc,
                                      std::int64_t m0, std::int64_t n0, std::int64_t k, int chunk, float* scratch) {
   using namespace fma_tile;
-  float* slab_a = scratch;
-  float* slab_b = scratch + kFmaSlabK * kFmaSlabLd;
-  const int tx = threadIdx.x % kSpread, ty = threadIdx.x / kSpread;  // rows ty + kSpread i, columns tx + kSpread j
+  const int row0 = kRowsPerThread * (threadIdx.x / 8), col0 = 4 * (threadIdx.x % 8);
   for (std::int64_t c0 = 0; c0 < k; c0 += chunk) {
     const std::int64_t c1 = min(k, c0 + chunk);
-    float part[8][8];
+    const int slabs = static_cast<int>((c1 - c0 + kFmaSlabK - 1) / kFmaSlabK);
+    float part[kRowsPerThread][kColsPerThread];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kRowsPerThread; ++i) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) part[i][j] = 0.0f;
+      for (int j = 0; j < kColsPerThread; ++j) part[i][j] = 0.0f;
     }
-    for (std::int64_t k0 = c0; k0 < c1; k0 += kFmaSlabK) {
-      __syncthreads();  // the previous slab has been read
-      store_slab(a, m0, k0, c1, slab_a);
-      store_slab(b, n0, k0, c1, slab_b);
-      __syncthreads();
+    const auto issue = [&](int s) {  // slab s of the chunk into stage s % kFmaStages, if the chunk has it
+      if (s < slabs) {
+        float* stage = scratch + (s % kFmaStages) * kFmaSlabFloats;
+        copy_slab(a, m0, c0 + std::int64_t{s} * kFmaSlabK, c1, stage);
+        copy_slab(b, n0, c0 + std::int64_t{s} * kFmaSlabK, c1, stage + kFmaStages * kFmaSlabFloats);
+      }
+      cp_async_commit();  // (also an empty group: one group per slab index keeps the wait counts right)
+    };
+#pragma unroll
+    for (int s = 0; s < kFmaStages - 1; ++s) issue(s);
 #pragma unroll 1
-      for (int kk = 0; kk < kFmaSlabK; ++kk) {
-        float av[8], bv[8];
+    for (int s = 0; s < slabs; ++s) {
+      cp_async_wait<kFmaStages - 2>();  // this thread's copies of slab s have landed
+      __syncthreads();                  // everyone's; and everyone is done with slab s - 1, whose stage ...
+      issue(s + kFmaStages - 1);        // ... slab s + kFmaStages - 1 takes
+      const float* slab_a = scratch + (s % kFmaStages) * kFmaSlabFloats;
+      const float* slab_b = slab_a + kFmaStages * kFmaSlabFloats;
+      // Only the slab's k inside the chunk: a product of zeros would turn a -0 sum into +0.
+      const int k_count = static_cast<int>(min(std::int64_t{kFmaSlabK}, c1 - c0 - std::int64_t{s} * kFmaSlabK));
+#pragma unroll 2
+      for (int kk = 0; kk < k_count; ++kk) {
+        const float4 av = *reinterpret_cast<const float4*>(slab_a + kk * kFmaSlabLd + row0);
+        const float4 b_left = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + col0);
+        const float4 b_right = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + 32 + col0);
+        const float a_v[kRowsPerThread] = {av.x, av.y, av.z, av.w};
+        const float b_v[kColsPerThread] = {b_left.x, b_left.y, b_left.z, b_left.w,
+                                           b_right.x, b_right.y, b_right.z, b_right.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) av[i] = slab_a[kk * kFmaSlabLd + ty + kSpread * i];
+        for (int i = 0; i < kRowsPerThread; ++i) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) bv[j] = slab_b[kk * kFmaSlabLd + tx + kSpread * j];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) part[i][j] = __fmaf_rn(av[i], bv[j], part[i][j]);
+          for (int j = 0; j < kColsPerThread; ++j) part[i][j] = __fmaf_rn(a_v[i], b_v[j], part[i][j]);
         }
       }
     }
+    cp_async_wait<0>();  // (only empty groups are left)
+    __syncthreads();     // everyone is done with the last slabs: the next chunk's copies may overwrite them
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const std::int64_t r = m0 + ty + kSpread * i;
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const std::int64_t r = m0 + row0 + i;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const std::int64_t col = n0 + tx + kSpread * j;
+      for (int j = 0; j < kColsPerThread; ++j) {
+        const std::int64_t col = n0 + (j < 4 ? col0 + j : 32 + col0 + j - 4);
         if (r >= a.lines || col >= b.lines) continue;
         float* out = c + r * ldc + col;
         *out = c0 == 0 ? part[i][j] : *out + part[i][j];
       }
     }
   }
-  __syncthreads();  // the scratch is free again
 }
 
 // The tiles beyond tf32_spans_fit that the tf32 GEMM computed (it set wide_tiles_pending): the block checks the
@@ -126,7 +145,8 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
 // Blocks take the (batch entry, tile) pairs in turn and find the tiles again from the line ranges, as the GEMM
 // did.
 __global__ void __launch_bounds__(kFallbackThreads, 8) float32_fallback_kernel(GemmArgs args) {
-  __shared__ float scratch[kFmaScratchFloats];
+  extern __shared__ __align__(128) unsigned char fallback_smem[];  // fallback_smem_bytes
+  float* scratch = reinterpret_cast<float*>(fallback_smem);      // kFmaScratchFloats
   __shared__ int widest[2];                 // the tile's widest row and column (exponent_span)
   __shared__ int shift[kBlockM + kBlockN];  // tf32 line_shift of the tile's rows, then columns; kNoShift: no
                                             // finite non-zero element (its outputs are exact)
@@ -186,11 +206,22 @@ __global__ void __launch_bounds__(kFallbackThreads, 8) float32_fallback_kernel(G
   }
 }
 
+// Dynamic shared memory of a float32_fallback_kernel block: its scratch, or more than half of the SM's where that
+// is more, so that an SM holds one block (see kFallbackThreads).
+inline std::size_t fallback_smem_bytes(const cudaDeviceProp& props) {
+  const std::size_t scratch = sizeof(float) * kFmaScratchFloats;
+  return std::max(scratch, props.sharedMemPerMultiprocessor / 2 + 1024);
+}
+
 // Launches float32_fallback_kernel after the tf32 GEMM of `args`: one block per SM at most (see kFallbackThreads).
-inline void launch_float32_fallback(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
+inline void launch_float32_fallback(const GemmArgs& args, const cudaDeviceProp& props, bool overlap,
+                                    cudaStream_t stream) {
   const std::int64_t pairs = gemm_tiles(args.m, args.n) * args.num_batches;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(pairs, sm_count));
-  launch_kernel(float32_fallback_kernel, dim3(blocks), dim3(kFallbackThreads), 0, stream, overlap, args);
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(pairs, props.multiProcessorCount));
+  const std::size_t smem = fallback_smem_bytes(props);
+  allow_dynamic_smem<float32_fallback_kernel>(smem);
+  prefer_max_shared_carveout<float32_fallback_kernel>();  // (the GEMMs' carveout: no reconfiguration between them)
+  launch_kernel(float32_fallback_kernel, dim3(blocks), dim3(kFallbackThreads), smem, stream, overlap, args);
 }
 
 }  // namespace wmmae_ops
