@@ -7,9 +7,10 @@ product. Every call is timed with its own CUDA events, median of the repetitions
 GPU time per call with the host kept ahead (a spin kernel holds the GPU while the calls are enqueued), as in
 a training step whose host runs ahead of the GPU; `call_ms`, `fp32_call_ms` and `call_speedup_vs_fp32`
 time each call from an idle GPU, so that a small call is timed at the pace of the host that enqueues its
-launches (our "auto" call enqueues four: the workspace's zeroing, the pre-pass and two GEMMs; torch.matmul one). Inputs are U(-1, 1) (torch.rand * 2 - 1: multiples of 2^-23, so no row spans more than 2^23 and
-"auto" never needs its tf32 fallback) and, for "auto" on the square shapes, also N(0, 1), whose rare tiny
-elements do send some tiles to the tf32 split.
+launches (our "auto" call enqueues five: the workspace's zeroing, the pre-pass, two GEMMs and the float32
+fallback's check; torch.matmul one). Inputs are U(-1, 1) (torch.rand * 2 - 1: multiples of 2^-23, so no row
+spans more than 2^23 and "auto" never needs its tf32 fallback) and, for "auto" on the square shapes, also
+N(0, 1), whose rare tiny elements do send some tiles to the tf32 split.
     python benchmarks/bench_corrected_matmul.py [--quick] [--out DIR]
 """
 from __future__ import annotations
