@@ -96,8 +96,8 @@ constexpr int kMaxShift = 127;
 // Scaling a line by 2^(kTf32TargetExp - max_exp) puts its largest magnitude in [2^40, 2^41): products stay
 // below 2^82, so sums of up to 2^45 of them stay finite, and every element at most 155 binades below the
 // line's largest keeps 2^-22 relative accuracy (and a still smaller one a non-zero high part: see
-// split_tf32_scaled); see tf32_spans_fit for tiles with wider lines. Powers of two
-// scale exactly: where nothing underflows or overflows, the bits are those of the unscaled split.
+// split_tf32_scaled); see tf32_spans_fit for tiles with wider lines. Powers of two scale exactly: where nothing
+// underflows or overflows, the bits are those of the unscaled split.
 constexpr int kTf32TargetExp = 40;
 
 // Power-of-two exponent a line is multiplied by before the split of method M (0 for lines without a finite

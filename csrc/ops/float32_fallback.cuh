@@ -43,7 +43,10 @@ namespace fma_tile {
 // Thread t sums the outputs of rows 4 (t / 8) + i (i < 4) and columns 4 (t % 8) + j and 32 + 4 (t % 8) + j
 // (j < 4) of a quadrant: one float4 of A's slab and two of B's per k, a warp's float4s contiguous.
 constexpr int kRowsPerThread = 4, kColsPerThread = 8;
-static_assert(kFallbackThreads * kRowsPerThread * kColsPerThread == kFmaQuad * kFmaQuad, "one quadrant");
+static_assert(kRowsPerThread == 4 && kColsPerThread == 8, "one float4 of A's slab and two of B's per k");
+constexpr int kColHalf = kFmaQuad / 2;             // a thread's columns: two runs of four, kColHalf apart
+constexpr int kThreadsPerRowGroup = kColHalf / 4;  // threads that share their rows
+static_assert(kFallbackThreads == kFmaQuad / kRowsPerThread * kThreadsPerRowGroup, "one quadrant");
 constexpr int kCopies = kFmaQuad * kFmaSlabK / kFallbackThreads;  // elements each thread copies per operand slab
 
 // Starts the copies (cp.async) of the slab at k0 of lines [line0, line0 + kFmaQuad) into `slab`, k-major; zeros
@@ -79,7 +82,7 @@ __device__ __forceinline__ void copy_slab(const FmaOperand& op, std::int64_t lin
 __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, float* c, std::int64_t ldc,
                                      std::int64_t m0, std::int64_t n0, std::int64_t k, int chunk, float* scratch) {
   using namespace fma_tile;
-  const int row0 = kRowsPerThread * (threadIdx.x / 8), col0 = 4 * (threadIdx.x % 8);
+  const int row0 = kRowsPerThread * (threadIdx.x / kThreadsPerRowGroup), col0 = 4 * (threadIdx.x % kThreadsPerRowGroup);
   for (std::int64_t c0 = 0; c0 < k; c0 += chunk) {
     const std::int64_t c1 = min(k, c0 + chunk);
     const int slabs = static_cast<int>((c1 - c0 + kFmaSlabK - 1) / kFmaSlabK);
@@ -112,7 +115,7 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
       for (int kk = 0; kk < k_count; ++kk) {
         const float4 av = *reinterpret_cast<const float4*>(slab_a + kk * kFmaSlabLd + row0);
         const float4 b_left = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + col0);
-        const float4 b_right = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + 32 + col0);
+        const float4 b_right = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + kColHalf + col0);
         const float a_v[kRowsPerThread] = {av.x, av.y, av.z, av.w};
         const float b_v[kColsPerThread] = {b_left.x, b_left.y, b_left.z, b_left.w,
                                            b_right.x, b_right.y, b_right.z, b_right.w};
@@ -130,7 +133,7 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
       const std::int64_t r = m0 + row0 + i;
 #pragma unroll
       for (int j = 0; j < kColsPerThread; ++j) {
-        const std::int64_t col = n0 + (j < 4 ? col0 + j : 32 + col0 + j - 4);
+        const std::int64_t col = n0 + col0 + j / 4 * kColHalf + j % 4;
         if (r >= a.lines || col >= b.lines) continue;
         float* out = c + r * ldc + col;
         *out = c0 == 0 ? part[i][j] : *out + part[i][j];
@@ -144,6 +147,7 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
 // blocks may start at that one's end (launch_float32_fallback), it returns at once while wide_tiles_pending is 0.
 // Blocks take the (batch entry, tile) pairs in turn and find the tiles again from the line ranges, as the GEMM
 // did.
+// (The launch bounds' 8 blocks cap the registers at 64 a thread; the shared memory keeps one block per SM.)
 __global__ void __launch_bounds__(kFallbackThreads, 8) float32_fallback_kernel(GemmArgs args) {
   extern __shared__ __align__(128) unsigned char fallback_smem[];  // fallback_smem_bytes
   float* scratch = reinterpret_cast<float*>(fallback_smem);      // kFmaScratchFloats
