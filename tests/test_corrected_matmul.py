@@ -539,6 +539,36 @@ def test_float32_fallback_gives_the_cpu_emulations_bits(method, case):
         rel_err(torch.matmul(a, b)[finite], ref[finite]), U32)
 
 
+# Views whose lines are sliced, so that the fallback's slab copies (float32_fallback.cuh, SlabCopy) meet a last
+# group of four lines that the operand only partly holds, and storage offsets that leave no 16-byte alignment:
+# name: (a's view, b's view) of outputs_at_risk operands, which keep their structure when only lines are sliced.
+FLOAT32_FALLBACK_VIEWS = {
+    # a row-major from its second row; b's 149 of 152 columns: float4 copies, the last group one column
+    "sliced_columns_of_b": (lambda a: a[1:], lambda b: b[:, :149]),
+    # a column-major, 129 of its 132 rows: float4 copies, the last group one row; b from its fourth column
+    # (storage offset 3: single floats)
+    "column_major_a_and_offset_b": (lambda a: a.mT.contiguous().mT[:129], lambda b: b[:, 3:]),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+@pytest.mark.parametrize("case", list(FLOAT32_FALLBACK_VIEWS))
+def test_float32_fallback_reads_sliced_and_offset_views(method, case):
+    """The fallback's recomputation of views (lines sliced, storage offsets) gives the CPU emulation's bits."""
+    gen = torch.Generator().manual_seed(53)
+    a, b = outputs_at_risk(gen, (132, 70), (70, 152))
+    view_a, view_b = FLOAT32_FALLBACK_VIEWS[case]
+    a_view, b_view = view_a(a), view_b(b)
+    a_dev, b_dev = view_a(a.cuda()), view_b(b.cuda())
+    assert a_dev.stride() == a_view.stride() and a_dev.storage_offset() == a_view.storage_offset()
+    out = corrected_matmul(a_dev, b_dev, method=method)
+    torch.testing.assert_close(out.cpu(), corrected_matmul(a_view, b_view, method=method), rtol=0, atol=0)
+    ref = torch.matmul(a_view.double(), b_view.double())
+    assert rel_err(out.cpu(), ref) <= parity_slack("cpu", a.shape[-1]) * max(rel_err(torch.matmul(a_view, b_view), ref), U32)
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_float32_fallback_beside_stream_k():

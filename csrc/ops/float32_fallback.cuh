@@ -4,7 +4,7 @@
 // the split lost below float32's normal range may matter, computes the whole tile again with one float32 fused
 // multiply-add per product, as torch.matmul does, summed in the split paths' chunks of K. Such tiles are rare
 // (a row holding magnitudes 2^150 apart, or outputs far smaller than their rows' and columns' largest
-// elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 16 k of A and B
+// elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 32 k of A and B
 // through shared memory by cp.async, four in flight. A kernel of its own: inlined into the tf32 GEMMs (as a call
 // too), its registers made ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after GemmArgs,
 // the tile helpers and the cp.async helpers.
@@ -13,18 +13,24 @@
 namespace wmmae_ops {
 
 // The kernel is launched in nearly every "tf32" and "auto" call and nearly always only reads wide_tiles_pending
-// and returns, so its blocks are small: 128 threads of 64 registers (on an H100, session 51, per "auto" call of
-// 64 x 512^3 against a build without the kernel: blocks of 8192 registers 2%, of 32768 10-12%). Each block
+// and returns, so its blocks are small: 128 threads of at most 80 registers (kFallbackRegisters; on an H100,
+// session 51, per "auto" call of 64 x 512^3 against a build without the kernel: blocks of 8192 registers 2%, of
+// 32768 10-12%; session 53: 8192 -> 10240 the same within noise). Each block
 // also asks for more than half of an SM's shared memory (fallback_smem_bytes), so that an SM holds one. Launched
 // to overlap the tf32 GEMM, the blocks are placed as the GEMM's blocks leave their SMs, and without that the first
 // SMs to empty took many blocks each (session 52, H100, every tile recomputed: 4096^3 51 -> 25 ms, 1024^3 1.6 ->
 // 0.7 ms; the calls that only read wide_tiles_pending kept their time).
 constexpr int kFallbackThreads = 128;
+// The register cap: at 64 (session 52) ptxas read each k's operands from shared memory just before their
+// products, and with one warp per scheduler every such read stalled; at 80 it reads them a k ahead, with no
+// stack (session 53, H100, every tile recomputed: 1024^3 729 -> 349 us, 4096^3 25.0 -> 11.6 ms, together with
+// the float4 copies and the QuadrantJob in shared memory).
+constexpr int kFallbackRegisters = 80;
 constexpr int kFmaQuad = 64;    // the tile is recomputed in four 64x64 quadrants
-constexpr int kFmaSlabK = 16;   // k per slab
+constexpr int kFmaSlabK = 32;   // k per slab
 constexpr int kFmaStages = 4;   // slabs in shared memory: the next three's copies are in flight while one is summed
 // A slab holds kFmaQuad lines of kFmaSlabK elements, k-major. Rows of kFmaQuad + 4 floats: 16-byte aligned for
-// the float4 reads, and a warp copying 16 k of two lines (K contiguous) meets each bank at most twice.
+// the float4 reads and copies, and a warp's copies (SlabCopy) meet each bank once.
 constexpr int kFmaSlabLd = kFmaQuad + 4;
 constexpr int kFmaSlabFloats = kFmaSlabK * kFmaSlabLd;
 constexpr int kFmaScratchFloats = kFmaStages * 2 * kFmaSlabFloats;  // A's slabs, then B's
@@ -34,9 +40,21 @@ constexpr int kFmaScratchFloats = kFmaStages * 2 * kFmaSlabFloats;  // A's slabs
 struct FmaOperand {
   const float* p;
   std::int64_t lines, line_stride, k_stride;
-  // Consecutive threads copy consecutive k where K is the contiguous dimension, else consecutive lines.
-  __device__ bool k_contiguous() const { return k_stride == 1; }
 };
+
+// How an operand's slabs are copied, by its layout (the same for all of a block's threads):
+// - lines_float4: lines contiguous, 16-byte aligned groups of four (p aligned, k_stride a multiple of 4), copied
+//   as float4s (the tail group's missing lines zero-filled by the copy);
+// - along_k: k contiguous (the usual A), one float per copy, a warp taking 8 k of 4 lines;
+// - along_lines: any other layout, one float per copy, a warp taking 32 lines of one k.
+enum class SlabCopy { lines_float4, along_k, along_lines };
+
+__device__ __forceinline__ SlabCopy slab_copy_of(const FmaOperand& op) {
+  if (op.line_stride == 1 && op.k_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(op.p) % 16 == 0) {
+    return SlabCopy::lines_float4;
+  }
+  return op.k_stride == 1 ? SlabCopy::along_k : SlabCopy::along_lines;
+}
 
 namespace fma_tile {
 
@@ -47,45 +65,96 @@ static_assert(kRowsPerThread == 4 && kColsPerThread == 8, "one float4 of A's sla
 constexpr int kColHalf = kFmaQuad / 2;             // a thread's columns: two runs of four, kColHalf apart
 constexpr int kThreadsPerRowGroup = kColHalf / 4;  // threads that share their rows
 static_assert(kFallbackThreads == kFmaQuad / kRowsPerThread * kThreadsPerRowGroup, "one quadrant");
-constexpr int kCopies = kFmaQuad * kFmaSlabK / kFallbackThreads;  // elements each thread copies per operand slab
+
+// cp.async of 16 bytes of which the first `bytes` are read from gmem (16-byte aligned) and the rest zero-filled.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
 
 // Starts the copies (cp.async) of the slab at k0 of lines [line0, line0 + kFmaQuad) into `slab`, k-major; zeros
-// outside the operand and at k >= k_end. Thread t's q-th element is (line, kk) + q * (line_step, k_step), its
-// address stepped in a loop (unrolled, ptxas kept 16 addresses per operand and spilled them).
+// outside the operand and at k >= k_end. Each thread steps one source pointer (ptxas kept one address per
+// element of an unrolled loop and spilled them), the destinations are offsets from one.
+// The thread's index, read again at each use: ptxas hoisted what copy_slab derives from it out of the slab loop
+// and spilled it, and the reloads missed L1, which the 4-byte copies stream through.
+__device__ __forceinline__ int thread_index_again() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 __device__ __forceinline__ void copy_slab(const FmaOperand& op, std::int64_t line0, std::int64_t k0,
                                           std::int64_t k_end, float* slab) {
-  const bool along_k = op.k_contiguous();
-  const int t = threadIdx.x;
-  const int line = along_k ? t / kFmaSlabK : t % kFmaQuad, kk = along_k ? t % kFmaSlabK : t / kFmaQuad;
-  const int line_step = along_k ? kFallbackThreads / kFmaSlabK : 0, k_step = along_k ? 0 : kFallbackThreads / kFmaQuad;
-  std::int64_t l = line0 + line, k = k0 + kk;
-  const float* src = op.p + l * op.line_stride + k * op.k_stride;
-  const std::int64_t src_step = line_step * op.line_stride + k_step * op.k_stride;
-  float* dst = slab + kk * kFmaSlabLd + line;
+  const int t = thread_index_again();
+  const SlabCopy how = slab_copy_of(op);
+  if (how == SlabCopy::lines_float4) {
+    constexpr int kGroups = kFmaQuad / 4, kKPerPass = kFallbackThreads / kGroups;
+    const int kk = t / kGroups, l = 4 * (t % kGroups);
+    const std::int64_t line = line0 + l, k = k0 + kk;
+    const int bytes = line < op.lines ? 4 * static_cast<int>(min(std::int64_t{4}, op.lines - line)) : 0;
+    const float* src = op.p + line + k * op.k_stride;
+    const std::int64_t step = kKPerPass * op.k_stride;
+#pragma unroll
+    for (int q = 0; q < kFmaSlabK / kKPerPass; ++q) {
+      const int q_bytes = k + q * kKPerPass < k_end ? bytes : 0;
+      cp_async16_zfill(slab + (kk + q * kKPerPass) * kFmaSlabLd + l, q_bytes > 0 ? src : op.p, q_bytes);
+      src += step;
+    }
+  } else if (how == SlabCopy::along_k) {
+    constexpr int kK = 8, kLinesPerPass = kFallbackThreads / kK;
+    const int kk = t % kK, l = t / kK;
+    const std::int64_t k_left = k_end - (k0 + kk);
+    std::int64_t line = line0 + l;
+    const float* src = op.p + line * op.line_stride + (k0 + kk);
+    const std::int64_t step = kLinesPerPass * op.line_stride;
 #pragma unroll 1
-  for (int q = 0; q < kCopies; ++q) {
-    const bool inside = l < op.lines && k < k_end;
-    cp_async4(dst, inside ? src : op.p, inside);
-    l += line_step;
-    k += k_step;
-    src += src_step;
-    dst += k_step * kFmaSlabLd + line_step;
+    for (int g = 0; g < kFmaQuad / kLinesPerPass; ++g) {
+      float* dst = slab + kk * kFmaSlabLd + l + g * kLinesPerPass;
+#pragma unroll
+      for (int h = 0; h < kFmaSlabK / kK; ++h) {
+        const bool inside = line < op.lines && kK * h < k_left;
+        cp_async4(dst + h * kK * kFmaSlabLd, inside ? src + h * kK : op.p, inside);
+      }
+      src += step;
+      line += kLinesPerPass;
+    }
+  } else {
+    constexpr int kKPerPass = kFallbackThreads / kFmaQuad;
+    const int l = t % kFmaQuad, kk = t / kFmaQuad;
+    const bool line_inside = line0 + l < op.lines;
+    const std::int64_t k_left = k_end - (k0 + kk);
+    const float* src = op.p + (line0 + l) * op.line_stride + (k0 + kk) * op.k_stride;
+    const std::int64_t step = kKPerPass * op.k_stride;
+#pragma unroll 4
+    for (int q = 0; q < kFmaSlabK / kKPerPass; ++q) {
+      const bool inside = line_inside && q * kKPerPass < k_left;
+      cp_async4(slab + (kk + q * kKPerPass) * kFmaSlabLd + l, inside ? src : op.p, inside);
+      src += step;
+    }
   }
 }
 
 }  // namespace fma_tile
 
-// Outputs [m0, m0 + kFmaQuad) x [n0, n0 + kFmaQuad) of c (leading dimension ldc) over all of K, in chunks of
-// `chunk` elements, each summed from zero by one fused multiply-add per k and added to the output (the first
-// stored), as corrected_matmul_scheme.hpp sums chunks and fma_dot (corrected_matmul_cpu.cpp) emulates.
+// One quadrant's recomputation: outputs [m0, m0 + kFmaQuad) x [n0, n0 + kFmaQuad) of c (leading dimension ldc)
+// from a and b over all of K, in chunks of `chunk`. Kept in shared memory and read where needed, so that the
+// registers beside the 32 sums hold the next k's operands (with these values live, ptxas read each k's operands
+// just before their products and waited for them).
+struct QuadrantJob {
+  FmaOperand a, b;
+  float* c;
+  std::int64_t ldc, m0, n0, k;
+  int chunk;
+};
+
+// The job's outputs, each chunk summed from zero by one fused multiply-add per k and added to the output (the
+// first stored), as corrected_matmul_scheme.hpp sums chunks and fma_dot (corrected_matmul_cpu.cpp) emulates.
 // `scratch`: kFmaScratchFloats of shared memory. Block-wide barriers; blockDim.x must be kFallbackThreads.
-__device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, float* c, std::int64_t ldc,
-                                     std::int64_t m0, std::int64_t n0, std::int64_t k, int chunk, float* scratch) {
+__device__ void float32_fma_quadrant(const QuadrantJob& job, float* scratch) {
   using namespace fma_tile;
   const int row0 = kRowsPerThread * (threadIdx.x / kThreadsPerRowGroup), col0 = 4 * (threadIdx.x % kThreadsPerRowGroup);
-  for (std::int64_t c0 = 0; c0 < k; c0 += chunk) {
-    const std::int64_t c1 = min(k, c0 + chunk);
-    const int slabs = static_cast<int>((c1 - c0 + kFmaSlabK - 1) / kFmaSlabK);
+  for (std::int64_t c0 = 0; c0 < job.k; c0 += job.chunk) {
+    const int slabs = static_cast<int>((min(job.k - c0, std::int64_t{job.chunk}) + kFmaSlabK - 1) / kFmaSlabK);
     float part[kRowsPerThread][kColsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
@@ -95,8 +164,9 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
     const auto issue = [&](int s) {  // slab s of the chunk into stage s % kFmaStages, if the chunk has it
       if (s < slabs) {
         float* stage = scratch + (s % kFmaStages) * kFmaSlabFloats;
-        copy_slab(a, m0, c0 + std::int64_t{s} * kFmaSlabK, c1, stage);
-        copy_slab(b, n0, c0 + std::int64_t{s} * kFmaSlabK, c1, stage + kFmaStages * kFmaSlabFloats);
+        const std::int64_t k0 = c0 + std::int64_t{s} * kFmaSlabK, c1 = min(job.k, c0 + job.chunk);
+        copy_slab(job.a, job.m0, k0, c1, stage);
+        copy_slab(job.b, job.n0, k0, c1, stage + kFmaStages * kFmaSlabFloats);
       }
       cp_async_commit();  // (also an empty group: one group per slab index keeps the wait counts right)
     };
@@ -107,36 +177,72 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
       cp_async_wait<kFmaStages - 2>();  // this thread's copies of slab s have landed
       __syncthreads();                  // everyone's; and everyone is done with slab s - 1, whose stage ...
       issue(s + kFmaStages - 1);        // ... slab s + kFmaStages - 1 takes
-      const float* slab_a = scratch + (s % kFmaStages) * kFmaSlabFloats;
-      const float* slab_b = slab_a + kFmaStages * kFmaSlabFloats;
-      // Only the slab's k inside the chunk: a product of zeros would turn a -0 sum into +0.
-      const int k_count = static_cast<int>(min(std::int64_t{kFmaSlabK}, c1 - c0 - std::int64_t{s} * kFmaSlabK));
-#pragma unroll 2
-      for (int kk = 0; kk < k_count; ++kk) {
-        const float4 av = *reinterpret_cast<const float4*>(slab_a + kk * kFmaSlabLd + row0);
-        const float4 b_left = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + col0);
-        const float4 b_right = *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + kColHalf + col0);
-        const float a_v[kRowsPerThread] = {av.x, av.y, av.z, av.w};
-        const float b_v[kColsPerThread] = {b_left.x, b_left.y, b_left.z, b_left.w,
-                                           b_right.x, b_right.y, b_right.z, b_right.w};
+      const float* slab_a = scratch + (s % kFmaStages) * kFmaSlabFloats + row0;
+      const float* slab_b = scratch + (kFmaStages + s % kFmaStages) * kFmaSlabFloats + col0;
+      struct Operands {
+        float4 a, b_left, b_right;
+      };
+      const auto read_k = [&](int kk) {
+        return Operands{*reinterpret_cast<const float4*>(slab_a + kk * kFmaSlabLd),
+                        *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd),
+                        *reinterpret_cast<const float4*>(slab_b + kk * kFmaSlabLd + kColHalf)};
+      };
+      const auto sum_k = [&](const Operands& o) {
+        const float a_v[kRowsPerThread] = {o.a.x, o.a.y, o.a.z, o.a.w};
+        const float b_v[kColsPerThread] = {o.b_left.x,  o.b_left.y,  o.b_left.z,  o.b_left.w,
+                                           o.b_right.x, o.b_right.y, o.b_right.z, o.b_right.w};
 #pragma unroll
         for (int i = 0; i < kRowsPerThread; ++i) {
 #pragma unroll
           for (int j = 0; j < kColsPerThread; ++j) part[i][j] = __fmaf_rn(a_v[i], b_v[j], part[i][j]);
         }
+      };
+      // Only the slab's k inside the chunk: a product of zeros would turn a -0 sum into +0. Full slabs unrolled,
+      // each k's operands read before the previous k's products (one warp per scheduler: nothing else hides
+      // the shared memory's latency).
+      const int k_count = static_cast<int>(min(std::int64_t{kFmaSlabK}, min(job.k - c0, std::int64_t{job.chunk}) -
+                                                                             std::int64_t{s} * kFmaSlabK));
+      if (k_count == kFmaSlabK) {
+        Operands next = read_k(0);
+#pragma unroll
+        for (int kk = 0; kk < kFmaSlabK; ++kk) {
+          const Operands now = next;
+          if (kk + 1 < kFmaSlabK) next = read_k(kk + 1);
+          sum_k(now);
+        }
+      } else {
+#pragma unroll 1
+        for (int kk = 0; kk < k_count; ++kk) sum_k(read_k(kk));
       }
     }
     cp_async_wait<0>();  // (only empty groups are left)
     __syncthreads();     // everyone is done with the last slabs: the next chunk's copies may overwrite them
+    // A thread's outputs are two runs of four columns: float4 stores where the rows keep them 16-byte aligned
+    // (c itself is; the run is then wholly inside the output or wholly outside).
+    const bool float4_rows = job.ldc % 4 == 0;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      const std::int64_t r = m0 + row0 + i;
+      const std::int64_t r = job.m0 + row0 + i;
+      if (r >= job.a.lines) continue;
 #pragma unroll
-      for (int j = 0; j < kColsPerThread; ++j) {
-        const std::int64_t col = n0 + col0 + j / 4 * kColHalf + j % 4;
-        if (r >= a.lines || col >= b.lines) continue;
-        float* out = c + r * ldc + col;
-        *out = c0 == 0 ? part[i][j] : *out + part[i][j];
+      for (int half = 0; half < kColsPerThread / 4; ++half) {
+        const std::int64_t col = job.n0 + col0 + half * kColHalf;
+        float* out = job.c + r * job.ldc + col;
+        const float* p = part[i] + 4 * half;
+        if (float4_rows) {
+          if (col >= job.b.lines) continue;
+          float4 v = make_float4(p[0], p[1], p[2], p[3]);
+          if (c0 != 0) {
+            const float4 o = *reinterpret_cast<const float4*>(out);
+            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+          }
+          *reinterpret_cast<float4*>(out) = v;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (col + j < job.b.lines) out[j] = c0 == 0 ? p[j] : out[j] + p[j];
+          }
+        }
       }
     }
   }
@@ -147,10 +253,11 @@ __device__ void float32_fma_quadrant(const FmaOperand& a, const FmaOperand& b, f
 // blocks may start at that one's end (launch_float32_fallback), it returns at once while wide_tiles_pending is 0.
 // Blocks take the (batch entry, tile) pairs in turn and find the tiles again from the line ranges, as the GEMM
 // did.
-// (The launch bounds' 8 blocks cap the registers at 64 a thread; the shared memory keeps one block per SM.)
-__global__ void __launch_bounds__(kFallbackThreads, 8) float32_fallback_kernel(GemmArgs args) {
+// (The shared memory keeps one block per SM; blockDim.x must be kFallbackThreads.)
+__global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs args) {
   extern __shared__ __align__(128) unsigned char fallback_smem[];  // fallback_smem_bytes
   float* scratch = reinterpret_cast<float*>(fallback_smem);      // kFmaScratchFloats
+  __shared__ QuadrantJob job;               // float32_fma_quadrant's
   __shared__ int widest[2];                 // the tile's widest row and column (exponent_span)
   __shared__ int shift[kBlockM + kBlockN];  // tf32 line_shift of the tile's rows, then columns; kNoShift: no
                                             // finite non-zero element (its outputs are exact)
@@ -200,11 +307,17 @@ __global__ void __launch_bounds__(kFallbackThreads, 8) float32_fallback_kernel(G
     if (__syncthreads_or(at_risk)) {  // (also: widest and shift have been read)
       std::int64_t a_off, b_off;
       batch_offsets(args.batch, z, a_off, b_off);
-      const FmaOperand a{args.a + a_off, m, args.a_rs, args.a_ks}, b{args.b + b_off, n, args.b_cs, args.b_ks};
 #pragma unroll 1
       for (int quadrant = 0; quadrant < 4; ++quadrant) {
         const std::int64_t qm = m0 + quadrant / 2 * kFmaQuad, qn = n0 + quadrant % 2 * kFmaQuad;
-        if (qm < m && qn < n) float32_fma_quadrant(a, b, c, n, qm, qn, args.k, chunk, scratch);
+        if (qm >= m || qn >= n) continue;
+        __syncthreads();  // everyone is done with the last job
+        if (threadIdx.x == 0) {
+          job = QuadrantJob{FmaOperand{args.a + a_off, m, args.a_rs, args.a_ks},
+                            FmaOperand{args.b + b_off, n, args.b_cs, args.b_ks}, c, n, qm, qn, args.k, chunk};
+        }
+        __syncthreads();
+        float32_fma_quadrant(job, scratch);
       }
     }
   }
