@@ -5,7 +5,7 @@
 // multiply-add per product, as torch.matmul does, summed in the split paths' chunks of K. Such tiles are rare
 // (a row holding magnitudes 2^150 apart, or outputs far smaller than their rows' and columns' largest
 // elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 32 k of A and B
-// through shared memory by cp.async, four in flight. A kernel of its own: inlined into the tf32 GEMMs (as a call
+// through shared memory by cp.async, in four stages. A kernel of its own: inlined into the tf32 GEMMs (as a call
 // too), its registers made ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after GemmArgs,
 // the tile helpers and the cp.async helpers.
 #pragma once
@@ -72,9 +72,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, i
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
 
-// Starts the copies (cp.async) of the slab at k0 of lines [line0, line0 + kFmaQuad) into `slab`, k-major; zeros
-// outside the operand and at k >= k_end. Each thread steps one source pointer (ptxas kept one address per
-// element of an unrolled loop and spilled them), the destinations are offsets from one.
 // The thread's index, read again at each use: ptxas hoisted what copy_slab derives from it out of the slab loop
 // and spilled it, and the reloads missed L1, which the 4-byte copies stream through.
 __device__ __forceinline__ int thread_index_again() {
@@ -83,6 +80,9 @@ __device__ __forceinline__ int thread_index_again() {
   return t;
 }
 
+// Starts the copies (cp.async) of the slab at k0 of lines [line0, line0 + kFmaQuad) into `slab`, k-major; zeros
+// outside the operand and at k >= k_end. Each thread steps one source pointer (ptxas kept one address per
+// element of an unrolled loop and spilled them), the destinations are offsets from one.
 __device__ __forceinline__ void copy_slab(const FmaOperand& op, std::int64_t line0, std::int64_t k0,
                                           std::int64_t k_end, float* slab) {
   const int t = thread_index_again();
@@ -137,9 +137,9 @@ __device__ __forceinline__ void copy_slab(const FmaOperand& op, std::int64_t lin
 }  // namespace fma_tile
 
 // One quadrant's recomputation: outputs [m0, m0 + kFmaQuad) x [n0, n0 + kFmaQuad) of c (leading dimension ldc)
-// from a and b over all of K, in chunks of `chunk`. Kept in shared memory and read where needed, so that the
-// registers beside the 32 sums hold the next k's operands (with these values live, ptxas read each k's operands
-// just before their products and waited for them).
+// from a and b over all of K, in chunks of `chunk`. Kept in shared memory and read where needed, so that fewer
+// values live through the slab loop beside the 32 sums and the next k's operands (at a cap of 64 registers, the
+// kernel's stack went from 112 to 64 bytes).
 struct QuadrantJob {
   FmaOperand a, b;
   float* c;
