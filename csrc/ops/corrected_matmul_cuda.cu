@@ -581,9 +581,14 @@ bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::in
 // GEMM
 // ------------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+// cp.async of 16 bytes from 16-byte aligned gmem, of which the first `bytes` (0-16) are read and the rest
+// zero-filled.
+__device__ __forceinline__ void cp_async16_bytes(void* smem, const void* gmem, int bytes) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  cp_async16_bytes(smem, gmem, valid ? 16 : 0);
 }
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -66,12 +66,6 @@ constexpr int kColHalf = kFmaQuad / 2;             // a thread's columns: two ru
 constexpr int kThreadsPerRowGroup = kColHalf / 4;  // threads that share their rows
 static_assert(kFallbackThreads == kFmaQuad / kRowsPerThread * kThreadsPerRowGroup, "one quadrant");
 
-// cp.async of 16 bytes of which the first `bytes` are read from gmem (16-byte aligned) and the rest zero-filled.
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
-}
-
 // The thread's index, read again at each use: ptxas hoisted what copy_slab derives from it out of the slab loop
 // and spilled it, and the reloads missed L1, which the 4-byte copies stream through.
 __device__ __forceinline__ int thread_index_again() {
@@ -97,7 +91,7 @@ __device__ __forceinline__ void copy_slab(const FmaOperand& op, std::int64_t lin
 #pragma unroll
     for (int q = 0; q < kFmaSlabK / kKPerPass; ++q) {
       const int q_bytes = k + q * kKPerPass < k_end ? bytes : 0;
-      cp_async16_zfill(slab + (kk + q * kKPerPass) * kFmaSlabLd + l, q_bytes > 0 ? src : op.p, q_bytes);
+      cp_async16_bytes(slab + (kk + q * kKPerPass) * kFmaSlabLd + l, q_bytes > 0 ? src : op.p, q_bytes);
       src += step;
     }
   } else if (how == SlabCopy::along_k) {
@@ -154,6 +148,8 @@ __device__ void float32_fma_quadrant(const QuadrantJob& job, float* scratch) {
   using namespace fma_tile;
   const int row0 = kRowsPerThread * (threadIdx.x / kThreadsPerRowGroup), col0 = 4 * (threadIdx.x % kThreadsPerRowGroup);
   for (std::int64_t c0 = 0; c0 < job.k; c0 += job.chunk) {
+    // The chunk's end, c0 + min(K - c0, chunk), is worked out again where it is used: held through the slab
+    // loop it took a stack slot (16 bytes, session 53).
     const int slabs = static_cast<int>((min(job.k - c0, std::int64_t{job.chunk}) + kFmaSlabK - 1) / kFmaSlabK);
     float part[kRowsPerThread][kColsPerThread];
 #pragma unroll
