@@ -473,12 +473,15 @@ def test_products_of_elements_far_below_both_lines_largest(device, gen, method, 
 
 
 @pytest.mark.parametrize("method", ["auto", "tf32"])
-def test_float32_fallback_is_per_tile_and_only_where_outputs_are_at_risk(device, gen, method):
+def test_float32_fallback_is_per_quadrant_and_only_where_outputs_are_at_risk(device, gen, method):
     """Two rows spanning 2^200: row 140's large element meets zeros in b, so its outputs are tiny next to its
-    largest element and at risk, and its whole tile row (rows 128 to 255) is computed with float32 fused
-    multiply-adds: the CPU emulation's bits, float32's accuracy. Row 5's large element makes its outputs, none
-    is at risk, and its tile row keeps the tf32 split ("auto" too: row 5 is not fp16-safe): the other rows there
-    keep the bits that split gives them without row 5. The third tile row is untouched."""
+    largest element and at risk, and the quadrants that hold them (rows 128 to 191 of the 128x128 tiles, all
+    columns) are computed with float32 fused multiply-adds: the CPU emulation's bits, float32's accuracy. The
+    tile row's other quadrants (rows 192 to 255) have no output at risk and keep the tf32 split. Row 5's large
+    element makes its outputs, none is at risk, and its tile row keeps the tf32 split ("auto" too: row 5 is not
+    fp16-safe): the other rows there keep the bits that split gives them without row 5. The third tile row is
+    untouched. (Bits are compared with the CPU emulation only where it computes with float32 FMAs: elsewhere
+    the tensor cores sum each k-step in their own order.)"""
     a = random_tensor(gen, (300, 200), "normal", device)
     b = random_tensor(gen, (200, 260), "normal", device)
     b[3] = 0.0
@@ -492,13 +495,39 @@ def test_float32_fallback_is_per_tile_and_only_where_outputs_are_at_risk(device,
     assert torch.equal(out_wide[256:], out[256:])
     rows0 = [r for r in range(128) if r != 5]
     assert torch.equal(out_wide[rows0], split[rows0])
-    assert not torch.equal(out_wide[128:140], out[128:140])  # (the other rows of the tile changed path)
+    assert torch.equal(out_wide[192:256], split[192:256])
+    assert not torch.equal(out_wide[128:140], split[128:140])  # (recomputed)
     cpu = corrected_matmul(wide.cpu(), b.cpu(), method=method)
-    assert torch.equal(out_wide[128:256].cpu(), cpu[128:256])
+    assert torch.equal(out_wide[128:192].cpu(), cpu[128:192])
     ref = torch.matmul(wide.double(), b.double())
-    for rows in [slice(128, 256), slice(140, 141), slice(5, 6)]:
+    for rows in [slice(128, 192), slice(192, 256), slice(140, 141), slice(5, 6)]:
         err32 = rel_err(torch.matmul(wide, b)[rows], ref[rows])
         assert rel_err(out_wide[rows], ref[rows]) <= SPLIT_SLACK * max(err32, U32)
+
+
+@pytest.mark.parametrize("method", ["auto", "tf32"])
+def test_float32_fallback_recomputes_only_the_column_quadrants_at_risk(device, gen, method):
+    """The same across columns: column 70 of b spans 2^200 and its large element meets zeros in a, so its outputs
+    are at risk in every row. The quadrants of columns 64 to 127 are computed with float32 fused multiply-adds
+    (the CPU emulation's bits), those of columns 0 to 63 keep the tf32 split, and the second tile column, whose
+    lines are not wide, is untouched."""
+    a = random_tensor(gen, (200, 96), "normal", device)
+    b = random_tensor(gen, (96, 200), "normal", device)
+    a[:, 3] = 0.0
+    wide = b.clone()
+    wide[:, 70] *= 2.0**-100
+    wide[3, 70] = 2.0**100
+    with deterministic():
+        out, out_wide = corrected_matmul(a, b, method=method), corrected_matmul(a, wide, method=method)
+        split = corrected_matmul(a, b, method="tf32")
+    assert torch.equal(out_wide[:, 128:], out[:, 128:])
+    assert torch.equal(out_wide[:, :64], split[:, :64])
+    assert not torch.equal(out_wide[:, 64:70], split[:, 64:70])  # (recomputed)
+    assert torch.equal(out_wide[:, 64:128].cpu(), corrected_matmul(a.cpu(), wide.cpu(), method=method)[:, 64:128])
+    ref = torch.matmul(a.double(), wide.double())
+    for cols in [slice(64, 128), slice(70, 71)]:
+        err32 = rel_err(torch.matmul(a, wide)[:, cols], ref[:, cols])
+        assert rel_err(out_wide[:, cols], ref[:, cols]) <= SPLIT_SLACK * max(err32, U32)
 
 
 FLOAT32_FALLBACK_CASES = {  # name: (a's shape, b's shape, a transposed, b transposed)

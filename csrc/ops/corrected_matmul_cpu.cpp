@@ -8,8 +8,9 @@
 // turn into NaN); the chunks are summed in fp32, then the power-of-two row/column scaling is undone.
 // Which split an output element takes is decided per 128x128 output tile, as on the GPU: "auto" takes fp16
 // where every row and column of the tile is fp16-safe, tf32 elsewhere. A tf32 tile whose lines span more than
-// the split keeps (tf32_spans_fit) and which has an output at risk (split_output_at_risk) is computed again
-// with float32 fused multiply-adds, chunked the same way.
+// the split keeps (tf32_spans_fit) is checked by quadrants (kFallbackQuadrant x kFallbackQuadrant outputs): a
+// quadrant with an output at risk (split_output_at_risk) is computed again with float32 fused multiply-adds,
+// chunked the same way.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -91,8 +92,8 @@ SplitOperand split_operand(const at::Tensor& mat) {
   return s;
 }
 
-// The float32 path (tiles with an output at risk): one fused multiply-add per k, in the same chunks as the
-// split paths.
+// The float32 path (quadrants of a tile with an output at risk): one fused multiply-add per k, in the same chunks
+// as the split paths.
 float fma_dot(const float* a, const float* b, std::int64_t k, int chunk_length) {
   float total = 0.0f;
   for (std::int64_t c0 = 0; c0 < k; c0 += chunk_length) {
@@ -140,7 +141,9 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
         const bool use_fp16 =
             method == Method::fp16 || (method == Method::automatic && sa.tile_fp16_ok[ti] && sb.tile_fp16_ok[tj]);
         const bool check = !use_fp16 && !tf32_spans_fit(sa.tile_span[ti], sb.tile_span[tj]);
-        bool at_risk = false;
+        constexpr int kSide = kGemmTile / kFallbackQuadrant;
+        static_assert(kSide * kFallbackQuadrant == kGemmTile, "a tile is made of whole quadrants");
+        bool at_risk[kSide][kSide] = {};  // [(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]
         for (std::int64_t i = i0; i < i1; ++i) {
           for (std::int64_t j = j0; j < j1; ++j) {
             const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
@@ -153,15 +156,16 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
               v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep,
                                 1.0f, chunk);
               v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
-              at_risk |= check && sa.has_nonzero[i] && sb.has_nonzero[j] &&
-                         split_output_at_risk(v, sa.tf32_shift[i] + sb.tf32_shift[j], log2_k);
+              at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant] |=
+                  check && sa.has_nonzero[i] && sb.has_nonzero[j] &&
+                  split_output_at_risk(v, sa.tf32_shift[i] + sb.tf32_shift[j], log2_k);
             }
             out[i * n + j] = v;
           }
         }
-        if (!at_risk) continue;
         for (std::int64_t i = i0; i < i1; ++i) {
           for (std::int64_t j = j0; j < j1; ++j) {
+            if (!at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]) continue;
             out[i * n + j] = fma_dot(&sa.value[static_cast<std::size_t>(i * k)],
                                      &sb.value[static_cast<std::size_t>(j * k)], k, chunk);
           }

@@ -125,7 +125,8 @@ struct GemmArgs {
   // which returns at once while it is 0 instead of reading every tile's line ranges.
   int* tf32_tiles_pending;
   // tf32 and auto: set to 1 by the tf32 kernel when it computes a tile beyond tf32_spans_fit, whose outputs
-  // float32_fallback_kernel (launched after it) checks; that kernel returns at once while it is 0.
+  // float32_fallback_kernel (launched after it) checks; that kernel returns at once while it is 0, and
+  // otherwise counts on from 1 the items that its blocks claim.
   int* wide_tiles_pending;
   // Split-K: blockIdx.y takes K elements [y * k_per_split, (y + 1) * k_per_split). With more than one split
   // the output starts zeroed and every chunk result is added with an fp32 atomic (no workspace).

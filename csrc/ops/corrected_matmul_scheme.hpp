@@ -131,11 +131,16 @@ WMMAE_HD inline wmmae::Tf32Split split_tf32_scaled(float v, float scale) {
 // 2^106 below theirs, 85 ulp in the emulation: session 51), up to about 2^-94 of each product in the scaled
 // domain. That matters only where such products make up an output, which is then small: an output whose
 // scaled magnitude is at least K 2^-68 keeps float32's accuracy whatever its products lost. So in a tile beyond
-// the limits the split's outputs are checked (split_output_at_risk), and where one is smaller, the whole tile
-// is computed again with one float32 fused multiply-add per product, as torch.matmul computes it.
+// the limits the split's outputs are checked (split_output_at_risk), and where one is smaller, its quadrant of
+// the tile (kFallbackQuadrant x kFallbackQuadrant outputs) is computed again with one float32 fused multiply-add
+// per product, as torch.matmul computes it.
 constexpr int kTf32MaxLineSpan = 150;
 constexpr int kTf32MaxPairSpan = 180;
 constexpr int kTf32FloorExponent = -68;
+// The float32 fallback checks and recomputes a 128x128 output tile by quadrants of 64x64, each on its own: a
+// quadrant without an output at risk keeps the split, and float32_fallback_kernel's blocks take quadrants, not
+// tiles, as their items (four times as many: a GPU with more SMs than tiles has work for more of them).
+constexpr int kFallbackQuadrant = 64;
 
 // max_exp - min_exp of a line with a finite non-zero element, 0 for one without.
 WMMAE_HD inline int exponent_span(ExponentRange r) { return r.max_exp == kNoExponent ? 0 : r.max_exp - r.min_exp; }

@@ -1,13 +1,13 @@
 // The float32 fallback of corrected_matmul's "tf32" and "auto" methods. Where the tf32 GEMM computed a tile whose
 // lines span more exponents than its split keeps (tf32_spans_fit, corrected_matmul_scheme.hpp),
-// float32_fallback_kernel checks the tile's outputs (split_output_at_risk) and, where one is so small that what
-// the split lost below float32's normal range may matter, computes the whole tile again with one float32 fused
-// multiply-add per product, as torch.matmul does, summed in the split paths' chunks of K. Such tiles are rare
-// (a row holding magnitudes 2^150 apart, or outputs far smaller than their rows' and columns' largest
-// elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 32 k of A and B
-// through shared memory by cp.async, in four stages. A kernel of its own: inlined into the tf32 GEMMs (as a call
-// too), its registers made ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after GemmArgs,
-// the tile helpers and the cp.async helpers.
+// float32_fallback_kernel checks the tile's outputs (split_output_at_risk) by 64x64 quadrants and, where one is
+// so small that what the split lost below float32's normal range may matter, computes its quadrant again with
+// one float32 fused multiply-add per product, as torch.matmul does, summed in the split paths' chunks of K. Such
+// tiles are rare (a row holding magnitudes 2^150 apart, or outputs far smaller than their rows' and columns'
+// largest elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 32 k of A and
+// B through shared memory by cp.async, in four stages. A kernel of its own: inlined into the tf32 GEMMs (as a
+// call too), its registers made ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after
+// GemmArgs, the tile helpers and the cp.async helpers.
 #pragma once
 
 namespace wmmae_ops {
@@ -26,7 +26,7 @@ constexpr int kFallbackThreads = 128;
 // stack (session 53, H100, every tile recomputed: 1024^3 729 -> 349 us, 4096^3 25.0 -> 11.6 ms, together with
 // the float4 copies and the QuadrantJob in shared memory).
 constexpr int kFallbackRegisters = 80;
-constexpr int kFmaQuad = 64;    // the tile is recomputed in four 64x64 quadrants
+constexpr int kFmaQuad = kFallbackQuadrant;  // a quadrant's side (corrected_matmul_scheme.hpp)
 constexpr int kFmaSlabK = 32;   // k per slab
 constexpr int kFmaStages = 4;   // slabs in shared memory: the next three's copies are in flight while one is summed
 // A slab holds kFmaQuad lines of kFmaSlabK elements, k-major. Rows of kFmaQuad + 4 floats: 16-byte aligned for
@@ -244,77 +244,94 @@ __device__ void float32_fma_quadrant(const QuadrantJob& job, float* scratch) {
   }
 }
 
-// The tiles beyond tf32_spans_fit that the tf32 GEMM computed (it set wide_tiles_pending): the block checks the
-// tile's outputs, and where one is at risk computes the tile again. Launched after the tf32 GEMM so that its
-// blocks may start at that one's end (launch_float32_fallback), it returns at once while wide_tiles_pending is 0.
-// Blocks take the (batch entry, tile) pairs in turn and find the tiles again from the line ranges, as the GEMM
-// did.
+// The tiles beyond tf32_spans_fit that the tf32 GEMM computed (it set wide_tiles_pending), by quadrants: the
+// block checks the quadrant's outputs, and where one is at risk computes the quadrant again. Launched after the
+// tf32 GEMM so that its blocks may start at that one's end (launch_float32_fallback), it returns at once while
+// wide_tiles_pending is 0. Otherwise its blocks claim the (batch entry, tile, quadrant) items one at a time,
+// counting on from the 1 that the GEMM left in wide_tiles_pending: an item's cost is known only after its check
+// (a quadrant computed again takes hundreds of times as long as one only checked), and with items taken in turn
+// some blocks drew only quadrants to compute while others drew none (H100, session 54). Each block finds its
+// tile again from the line ranges, as the GEMM did.
 // (The shared memory keeps one block per SM; blockDim.x must be kFallbackThreads.)
 __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs args) {
   extern __shared__ __align__(128) unsigned char fallback_smem[];  // fallback_smem_bytes
   float* scratch = reinterpret_cast<float*>(fallback_smem);      // kFmaScratchFloats
-  __shared__ QuadrantJob job;               // float32_fma_quadrant's
-  __shared__ int widest[2];                 // the tile's widest row and column (exponent_span)
-  __shared__ int shift[kBlockM + kBlockN];  // tf32 line_shift of the tile's rows, then columns; kNoShift: no
-                                            // finite non-zero element (its outputs are exact)
+  __shared__ QuadrantJob job;            // float32_fma_quadrant's
+  __shared__ std::int64_t claimed;       // the block's current item
+  __shared__ int widest[2];              // the tile's widest row and column (exponent_span)
+  __shared__ int shift[2 * kFmaQuad];    // tf32 line_shift of the quadrant's rows, then columns; kNoShift: no
+                                         // finite non-zero element (its outputs are exact)
   constexpr int kNoShift = 0x40000000;
+  constexpr int kSide = kBlockM / kFmaQuad;  // quadrants along a tile's side
+  static_assert(kBlockM == kBlockN && kSide * kFmaQuad == kBlockM, "a tile is made of whole quadrants");
   allow_dependent_grid();  // the next call's zeroing
   wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending
   if (*args.wide_tiles_pending == 0) return;
   const std::int64_t m = args.m, n = args.n, tiles = gemm_tiles(m, n);
   const int log2_k = ceil_log2(args.k), chunk = accumulation_chunk(m, n);
-  for (std::int64_t t = blockIdx.x; t < tiles * args.num_batches; t += gridDim.x) {
-    const std::int64_t z = t / tiles;
+  const std::int64_t items = tiles * args.num_batches * kSide * kSide;
+  for (;;) {
+    __syncthreads();  // everyone has read the last item and is done with its job
+    if (threadIdx.x == 0) {
+      claimed = atomicAdd(args.wide_tiles_pending, 1) - 1;
+      widest[0] = widest[1] = 0;
+    }
+    __syncthreads();
+    const std::int64_t item = claimed;
+    if (item >= items) return;
+    const std::int64_t t = item / (kSide * kSide), z = t / tiles;
+    const int quadrant = static_cast<int>(item % (kSide * kSide));
     std::int64_t m0, n0;
     tile_origin(m, n, t % tiles, m0, n0);
-    if (threadIdx.x < 2) widest[threadIdx.x] = 0;
-    __syncthreads();
+    const int q_row = quadrant / kSide * kFmaQuad, q_col = quadrant % kSide * kFmaQuad;  // in the tile
+    if (m0 + q_row >= m || n0 + q_col >= n) continue;
+    // The tile's lines say whether it is beyond the split's limits (as the GEMM found them), the quadrant's
+    // give the check its shifts.
     for (int r = threadIdx.x; r < kBlockM + kBlockN; r += kFallbackThreads) {
       const bool is_a = r < kBlockM;
-      const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM), extent = is_a ? m : n;
+      const int in_tile = is_a ? r : r - kBlockM, in_quadrant = in_tile - (is_a ? q_row : q_col);
+      const std::int64_t line = (is_a ? m0 : n0) + in_tile, extent = is_a ? m : n;
       ExponentRange range = empty_exponent_range();
       if (line < extent) range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
-      shift[r] = range.max_exp == kNoExponent ? kNoShift : line_shift<Method::tf32>(range);
+      if (in_quadrant >= 0 && in_quadrant < kFmaQuad) {
+        shift[(is_a ? 0 : kFmaQuad) + in_quadrant] =
+            range.max_exp == kNoExponent ? kNoShift : line_shift<Method::tf32>(range);
+      }
       atomicMax(&widest[is_a ? 0 : 1], exponent_span(range));
     }
     __syncthreads();
     bool at_risk = false;
     float* c = args.c + z * m * n;
+    const std::int64_t qm = m0 + q_row, qn = n0 + q_col;
     if (!tf32_spans_fit(widest[0], widest[1])) {
-      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
-      const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
+      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kFmaQuad), m - qm));
+      const int cols = static_cast<int>(min(static_cast<std::int64_t>(kFmaQuad), n - qn));
       // Consecutive threads, consecutive columns; kCheckBatch loads in flight together.
       constexpr int kCheckBatch = 8;
-      for (int e0 = 0; e0 < rows * kBlockN; e0 += kCheckBatch * kFallbackThreads) {
+      for (int e0 = 0; e0 < rows * kFmaQuad; e0 += kCheckBatch * kFallbackThreads) {
         float v[kCheckBatch];
 #pragma unroll
         for (int q = 0; q < kCheckBatch; ++q) {
-          const int e = e0 + q * kFallbackThreads + threadIdx.x, row = e / kBlockN, col = e % kBlockN;
-          v[q] = row < rows && col < cols ? c[(m0 + row) * n + n0 + col] : 0.0f;
+          const int e = e0 + q * kFallbackThreads + threadIdx.x, row = e / kFmaQuad, col = e % kFmaQuad;
+          v[q] = row < rows && col < cols ? c[(qm + row) * n + qn + col] : 0.0f;
         }
 #pragma unroll
         for (int q = 0; q < kCheckBatch; ++q) {
-          const int e = e0 + q * kFallbackThreads + threadIdx.x, row = e / kBlockN, col = e % kBlockN;
-          if (row >= rows || col >= cols || shift[row] == kNoShift || shift[kBlockM + col] == kNoShift) continue;
-          at_risk |= split_output_at_risk(v[q], shift[row] + shift[kBlockM + col], log2_k);
+          const int e = e0 + q * kFallbackThreads + threadIdx.x, row = e / kFmaQuad, col = e % kFmaQuad;
+          if (row >= rows || col >= cols || shift[row] == kNoShift || shift[kFmaQuad + col] == kNoShift) continue;
+          at_risk |= split_output_at_risk(v[q], shift[row] + shift[kFmaQuad + col], log2_k);
         }
       }
     }
     if (__syncthreads_or(at_risk)) {  // (also: widest and shift have been read)
-      std::int64_t a_off, b_off;
-      batch_offsets(args.batch, z, a_off, b_off);
-#pragma unroll 1
-      for (int quadrant = 0; quadrant < 4; ++quadrant) {
-        const std::int64_t qm = m0 + quadrant / 2 * kFmaQuad, qn = n0 + quadrant % 2 * kFmaQuad;
-        if (qm >= m || qn >= n) continue;
-        __syncthreads();  // everyone is done with the last job
-        if (threadIdx.x == 0) {
-          job = QuadrantJob{FmaOperand{args.a + a_off, m, args.a_rs, args.a_ks},
-                            FmaOperand{args.b + b_off, n, args.b_cs, args.b_ks}, c, n, qm, qn, args.k, chunk};
-        }
-        __syncthreads();
-        float32_fma_quadrant(job, scratch);
+      if (threadIdx.x == 0) {
+        std::int64_t a_off, b_off;
+        batch_offsets(args.batch, z, a_off, b_off);
+        job = QuadrantJob{FmaOperand{args.a + a_off, m, args.a_rs, args.a_ks},
+                          FmaOperand{args.b + b_off, n, args.b_cs, args.b_ks}, c, n, qm, qn, args.k, chunk};
       }
+      __syncthreads();
+      float32_fma_quadrant(job, scratch);
     }
   }
 }
@@ -329,8 +346,9 @@ inline std::size_t fallback_smem_bytes(const cudaDeviceProp& props) {
 // Launches float32_fallback_kernel after the tf32 GEMM of `args`: one block per SM at most (see kFallbackThreads).
 inline void launch_float32_fallback(const GemmArgs& args, const cudaDeviceProp& props, bool overlap,
                                     cudaStream_t stream) {
-  const std::int64_t pairs = gemm_tiles(args.m, args.n) * args.num_batches;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(pairs, props.multiProcessorCount));
+  constexpr int kQuadrants = (kBlockM / kFmaQuad) * (kBlockN / kFmaQuad);
+  const std::int64_t items = gemm_tiles(args.m, args.n) * args.num_batches * kQuadrants;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(items, props.multiProcessorCount));
   const std::size_t smem = fallback_smem_bytes(props);
   allow_dynamic_smem<float32_fallback_kernel>(smem);
   prefer_max_shared_carveout<float32_fallback_kernel>();  // (the GEMMs' carveout: no reconfiguration between them)
