@@ -17,7 +17,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
-from conftest import (child_process_env, deterministic, launched_kernels, persistent_slots_batch,
+from conftest import (child_process_env, deterministic, launched_kernels, outputs_at_risk, persistent_slots_batch,
                       profiler_records_kernels, random_tensor, rel_err, runs_sm90_gemm)
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
@@ -117,7 +117,8 @@ def test_both_devices_at_once_give_the_same_bits(gen):
 # deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
 # persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its tf32 GEMM),
 # a grid whose first wave starts staggered (at least half as many blocks as SMs, 12 k-stages each: the
-# device's SM count sets the delays), stream-K and split-K (atomics: bound only, not bits).
+# device's SM count sets the delays), stream-K and split-K (atomics: bound only, not bits), and the float32
+# fallback computing every quadrant again (outputs at risk: conftest.outputs_at_risk; the CPU emulation's bits).
 SCHEDULES = {
     "resident_prepass": ((6, 200, 300), (6, 300, 136), {}, True, "fp16", "resident_prepass_kernel"),
     "persistent_batch_slots": ((None, 200, 100), (None, 100, 136), {}, True, "fp16", None),
@@ -125,6 +126,7 @@ SCHEDULES = {
     "staggered_grid": ((2048, 2048), (2048, 2048), {}, True, "fp16", None),
     "stream_k": ((200, 3000), (3000, 300), {"TORCH_WMMAE_STREAM_K": "1"}, False, "fp16", None),
     "split_k": ((2, 64, 8192), (2, 8192, 64), {}, False, "fp16", None),
+    "float32_fallback": ((2, 150, 70), (70, 140), {}, True, "tf32", "float32_fallback_kernel"),
 }
 
 
@@ -150,8 +152,11 @@ def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedul
         if not batch:
             pytest.skip("the plan runs no persistent batch slots on this GPU")
         a_shape, b_shape = (batch, *a_shape[1:]), (batch, *b_shape[1:])
-    a = random_tensor(gen, a_shape, "normal", dev)
-    b = random_tensor(gen, b_shape, "normal", dev)
+    if schedule == "float32_fallback":
+        a, b = (t.to(dev) for t in outputs_at_risk(gen, a_shape, b_shape))
+    else:
+        a = random_tensor(gen, a_shape, "normal", dev)
+        b = random_tensor(gen, b_shape, "normal", dev)
     if method == "auto":  # one row of entry 3 spans 2^60: its row of tiles goes to the tf32 GEMM
         a[3, 7, 1], a[3, 7, 2] = 2.0**30, 2.0**-30
     out = {}
@@ -168,6 +173,8 @@ def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedul
     assert_matmul_within_dot_product_bound(out[target], a, b, f"{schedule} on {dev}: ")
     if exact:
         assert torch.equal(out[target].cpu(), out[current].cpu())
+    if schedule == "float32_fallback":
+        assert torch.equal(out[target].cpu(), corrected_matmul(a.cpu(), b.cpu(), method=method))
 
 
 MIXED = {
