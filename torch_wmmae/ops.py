@@ -83,8 +83,9 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
             small elements and products lose bits in fp32's subnormals (a 128x128 output tile whose lines
             span more than 2^150, or 2^180 row and column together), the tile's outputs are checked on the
             device and each 64x64 quadrant of it with an output made of such products is computed again
-            with float32 fused multiply-adds (slow, but only there). ``"auto"`` (default) uses fp16 where every row and column
-            involved is fp16-safe and tf32 elsewhere; it decides on the device (no host sync).
+            with float32 fused multiply-adds (slow, but only there). ``"auto"`` (default) uses fp16 where
+            every row and column involved is fp16-safe and tf32 elsewhere; it decides on the device (no
+            host sync).
     """
     _require_tensor("corrected_matmul", "a", a)
     _require_tensor("corrected_matmul", "b", b)
