@@ -821,6 +821,19 @@ __device__ __forceinline__ bool tile_spans_fit_tf32(const int* warp_span) {
   return tf32_spans_fit(row_span, col_span);
 }
 
+// Line r of the tile at (m0, n0) of batch entry z: row m0 + r of A for r < kBlockM, else column n0 + r - kBlockM
+// of B. Past the matrix's edge it returns false and leaves `range` as it was; otherwise it loads the line's
+// exponent range from the pre-pass into `range`. (A branch, not an empty range, around the use: the GEMMs'
+// register allocation turned on the difference.)
+__device__ __forceinline__ bool load_tile_line_range(const GemmArgs& args, std::int64_t z, std::int64_t m0,
+                                                     std::int64_t n0, int r, ExponentRange& range) {
+  const bool is_a = r < kBlockM;
+  const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM), extent = is_a ? args.m : args.n;
+  if (line >= extent) return false;
+  range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
+  return true;
+}
+
 // Fills the line scales of method M of the tile at (m0, n0) of batch entry z from the exponent pre-pass and
 // says what it found (TileLines). Thread r takes line r: rows of A in warps 0-3, columns of B in warps 4-7.
 // Block-wide barriers.
@@ -831,12 +844,10 @@ __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineSca
                 "a line per thread, A's and B's in whole warps");
   const int r = threadIdx.x;
   const bool is_a = r < kBlockM;
-  const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM);
-  const std::int64_t extent = is_a ? args.m : args.n;
-  int shift = 0, span = 0;
+  int shift = 0, span = 0;  // a line past the edge: no scaling, and it decides nothing
   bool line_fp16_safe = true;
-  if (line < extent) {
-    const ExponentRange range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
+  ExponentRange range;
+  if (load_tile_line_range(args, z, m0, n0, r, range)) {
     shift = line_shift<M>(range);
     span = exponent_span(range);
     line_fp16_safe = fp16_safe(range);

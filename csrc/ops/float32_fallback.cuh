@@ -290,10 +290,9 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
     // give the check its shifts.
     for (int r = threadIdx.x; r < kBlockM + kBlockN; r += kFallbackThreads) {
       const bool is_a = r < kBlockM;
-      const int in_tile = is_a ? r : r - kBlockM, in_quadrant = in_tile - (is_a ? q_row : q_col);
-      const std::int64_t line = (is_a ? m0 : n0) + in_tile, extent = is_a ? m : n;
+      const int in_quadrant = is_a ? r - q_row : r - kBlockM - q_col;
       ExponentRange range = empty_exponent_range();
-      if (line < extent) range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
+      load_tile_line_range(args, z, m0, n0, r, range);
       if (in_quadrant >= 0 && in_quadrant < kFmaQuad) {
         shift[(is_a ? 0 : kFmaQuad) + in_quadrant] =
             range.max_exp == kNoExponent ? kNoShift : line_shift<Method::tf32>(range);
