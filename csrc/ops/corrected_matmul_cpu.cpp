@@ -141,9 +141,8 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
         const bool use_fp16 =
             method == Method::fp16 || (method == Method::automatic && sa.tile_fp16_ok[ti] && sb.tile_fp16_ok[tj]);
         const bool check = !use_fp16 && !tf32_spans_fit(sa.tile_span[ti], sb.tile_span[tj]);
-        constexpr int kSide = kGemmTile / kFallbackQuadrant;
-        static_assert(kSide * kFallbackQuadrant == kGemmTile, "a tile is made of whole quadrants");
-        bool at_risk[kSide][kSide] = {};  // [(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]
+        // [(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]
+        bool at_risk[kFallbackQuadrantsPerSide][kFallbackQuadrantsPerSide] = {};
         for (std::int64_t i = i0; i < i1; ++i) {
           for (std::int64_t j = j0; j < j1; ++j) {
             const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);

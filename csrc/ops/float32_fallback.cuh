@@ -27,9 +27,6 @@ constexpr int kFallbackThreads = 128;
 // the float4 copies and the QuadrantJob in shared memory).
 constexpr int kFallbackRegisters = 80;
 constexpr int kFmaQuad = kFallbackQuadrant;  // a quadrant's side (corrected_matmul_scheme.hpp)
-constexpr int kQuadrantsPerSide = kBlockM / kFmaQuad;
-static_assert(kBlockM == kBlockN && kQuadrantsPerSide * kFmaQuad == kBlockM, "a tile is made of whole quadrants");
-constexpr int kQuadrantsPerTile = kQuadrantsPerSide * kQuadrantsPerSide;
 constexpr int kFmaSlabK = 32;   // k per slab
 constexpr int kFmaStages = 4;   // slabs in shared memory: the next three's copies are in flight while one is summed
 // A slab holds kFmaQuad lines of kFmaSlabK elements, k-major. Rows of kFmaQuad + 4 floats: 16-byte aligned for
@@ -270,7 +267,8 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
   if (*args.wide_tiles_pending == 0) return;
   const std::int64_t m = args.m, n = args.n, tiles = gemm_tiles(m, n);
   const int log2_k = ceil_log2(args.k), chunk = accumulation_chunk(m, n);
-  const std::int64_t items = tiles * args.num_batches * kQuadrantsPerTile;  // quadrant fastest, then tile, batch
+  // Items: quadrant fastest, then tile, then batch entry.
+  const std::int64_t items = tiles * args.num_batches * kFallbackQuadrantsPerTile;
   for (;;) {
     __syncthreads();  // everyone has read the last item and is done with its job
     if (threadIdx.x == 0) {
@@ -280,11 +278,12 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
     __syncthreads();
     const std::int64_t item = claimed;
     if (item >= items) return;
-    const std::int64_t t = item / kQuadrantsPerTile, z = t / tiles;
-    const int quadrant = static_cast<int>(item % kQuadrantsPerTile);
+    const std::int64_t t = item / kFallbackQuadrantsPerTile, z = t / tiles;
+    const int quadrant = static_cast<int>(item % kFallbackQuadrantsPerTile);
     std::int64_t m0, n0;
     tile_origin(m, n, t % tiles, m0, n0);
-    const int q_row = quadrant / kQuadrantsPerSide * kFmaQuad, q_col = quadrant % kQuadrantsPerSide * kFmaQuad;
+    const int q_row = quadrant / kFallbackQuadrantsPerSide * kFmaQuad;
+    const int q_col = quadrant % kFallbackQuadrantsPerSide * kFmaQuad;
     if (m0 + q_row >= m || n0 + q_col >= n) continue;
     // The tile's lines say whether it is beyond the split's limits (as the GEMM found them), the quadrant's
     // give the check its shifts.
@@ -346,7 +345,7 @@ inline std::size_t fallback_smem_bytes(const cudaDeviceProp& props) {
 // Launches float32_fallback_kernel after the tf32 GEMM of `args`: one block per SM at most (see kFallbackThreads).
 inline void launch_float32_fallback(const GemmArgs& args, const cudaDeviceProp& props, bool overlap,
                                     cudaStream_t stream) {
-  const std::int64_t items = gemm_tiles(args.m, args.n) * args.num_batches * kQuadrantsPerTile;
+  const std::int64_t items = gemm_tiles(args.m, args.n) * args.num_batches * kFallbackQuadrantsPerTile;
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(items, props.multiProcessorCount));
   const std::size_t smem = fallback_smem_bytes(props);
   allow_dynamic_smem<float32_fallback_kernel>(smem);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../wmmae/config.hpp"
+#include "corrected_matmul_scheme.hpp"
 
 namespace wmmae_ops {
 
@@ -54,6 +55,11 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 constexpr int kGemmTile = 128;
 constexpr int kGemmStageK = 32;             // k extent of one stage of the fp16 kernels
 constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on a grid's y and z extents
+// The float32 fallback's quadrants (kFallbackQuadrant, corrected_matmul_scheme.hpp) along a tile's side and in a
+// tile: the CUDA kernel's items and the CPU emulation's decisions.
+constexpr int kFallbackQuadrantsPerSide = kGemmTile / kFallbackQuadrant;
+static_assert(kFallbackQuadrantsPerSide * kFallbackQuadrant == kGemmTile, "a tile is made of whole quadrants");
+constexpr int kFallbackQuadrantsPerTile = kFallbackQuadrantsPerSide * kFallbackQuadrantsPerSide;
 
 // Output tiles of one batch entry, and k-stages of one tile: the host's plan and the kernels' schedules
 // count with these.
