@@ -1,5 +1,6 @@
 // The fp16 corrected GEMM on Hopper (sm_90a), included by corrected_matmul_cuda.cu (which defines GemmArgs,
-// the tile helpers and the cp.async stage loader). Same numerical scheme as the WMMA kernel, on wgmma:
+// the tile helpers and the cp.async stage loader). Same numerical scheme as the WMMA kernel
+// (corrected_gemm_wmma.cuh), on wgmma:
 //
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
 //   (a box per warp, an mbarrier per slot) when TMA can read both operands in place, row- or column-major

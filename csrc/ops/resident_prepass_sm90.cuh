@@ -1,6 +1,6 @@
 // The exponent pre-pass beside the wgmma GEMM (sm_90a), for batched calls whose operands TMA reads in place;
-// included by corrected_matmul_cuda.cu after corrected_gemm_sm90.cuh (LinesArgs, MagnitudeKeys,
-// exact_magnitudes, batch_base, TmaMaps, StageTile).
+// included by corrected_matmul_cuda.cu after line_range_prepass.cuh (LinesArgs, MagnitudeKeys,
+// exact_magnitudes, batch_base) and corrected_gemm_sm90.cuh (TmaMaps, StageTile).
 //
 // The grid pre-pass must end before the GEMM's first tile starts: its blocks fill every SM, and the GEMM's
 // take a whole SM each. Here the pre-pass is one block of four warps per SM that fits beside a GEMM block
