@@ -33,7 +33,6 @@
 
 #include <algorithm>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -181,14 +180,6 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t
   }
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
-
-}  // namespace
-}  // namespace wmmae_ops
-
-#include "line_range_prepass.cuh"
-
-namespace wmmae_ops {
-namespace {
 
 // ------------------------------------------------------------------------------------------------------
 // GEMM: what the WMMA and wgmma kernels share (stage ring, line scales, work schedule, output chunks)
@@ -508,7 +499,11 @@ __device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) { return make
 }  // namespace
 }  // namespace wmmae_ops
 
+#include "line_range_prepass.cuh"
 #include "corrected_gemm_wmma.cuh"
+#include "corrected_gemm_sm90.cuh"
+#include "float32_fallback.cuh"
+#include "resident_prepass_sm90.cuh"
 
 namespace wmmae_ops {
 namespace {
@@ -559,16 +554,6 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
   launch_kernel(Kernel, launch.grid, dim3(kThreads), smem_bytes, launch.stream,
                 launch.overlaps_previous && launch.kernels.overlap_launches, params...);
 }
-
-}  // namespace
-}  // namespace wmmae_ops
-
-#include "corrected_gemm_sm90.cuh"
-#include "float32_fallback.cuh"
-#include "resident_prepass_sm90.cuh"
-
-namespace wmmae_ops {
-namespace {
 
 #ifdef WMMAE_HAS_SM90A
 // The wgmma kernel's fp32 stages come by TMA when TMA can read both operands in place (each in its own
