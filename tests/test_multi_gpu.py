@@ -113,8 +113,8 @@ def test_both_devices_at_once_give_the_same_bits(gen):
     assert_outer_correct(outs[0][1], u.to(outs[0][1].device), None, 1.5, None)
 
 
-# Each schedule of corrected_matmul's CUDA GEMM (see README "Kernel design"): (a shape, b shape, environment,
-# deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
+# Each schedule of corrected_matmul's CUDA GEMM (see README, Performance, "The kernel"): (a shape, b shape,
+# environment, deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
 # persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its tf32 GEMM),
 # a grid whose first wave starts staggered (at least half as many blocks as SMs, 12 k-stages each: the
 # device's SM count sets the delays), stream-K and split-K (atomics: bound only, not bits), and the float32
