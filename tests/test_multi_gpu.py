@@ -114,10 +114,10 @@ def test_both_devices_at_once_give_the_same_bits(gen):
 
 
 # Each schedule of corrected_matmul's CUDA GEMM (see README, Performance, "The kernel"): (a shape, b shape,
-# environment, deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident pre-pass, with
-# persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its tf32 GEMM),
-# a grid whose first wave starts staggered (at least half as many blocks as SMs, 12 k-stages each: the
-# device's SM count sets the delays), stream-K and split-K (atomics: bound only, not bits), and the float32
+# environment, deterministic mode, method, a kernel that must run on Hopper builds). Beside the resident
+# pre-pass, with persistent batch slots (the batch is set per GPU), auto's tiles that are not fp16-safe (its
+# tf32 GEMM), a grid whose first wave starts staggered (at least half as many blocks as SMs, 12 k-stages each:
+# the device's SM count sets the delays), stream-K and split-K (atomics: bound only, not bits), and the float32
 # fallback computing every quadrant again (outputs at risk: conftest.outputs_at_risk; the CPU emulation's bits).
 SCHEDULES = {
     "resident_prepass": ((6, 200, 300), (6, 300, 136), {}, True, "fp16", "resident_prepass_kernel"),
