@@ -6,7 +6,7 @@
 //                        make_identity, load_vector, store_vector, load_matrix_with_op, load_matrices_with_op, store_matrix_with_op,
 //                        foreach_row_quad (has_row_quads)
 //   split.hpp            fp32 -> (hi, residual) splits for error-corrected products (split_fp16, split_fp16x2,
-//                        split_tf32, round_to_tf32) and the float bit helpers they use
+//                        their _compensated forms, split_tf32, round_to_tf32) and the float bit helpers they use
 #pragma once
 
 #include "layout.hpp"

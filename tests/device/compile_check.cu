@@ -48,6 +48,9 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
   wmmae::split_fp16x2(out[3], out[4], hi2, lo2);
   const wmmae::Tf32Split t = wmmae::split_tf32(out[5]);
   out[6] = __half2float(hi) + __half2float(lo) + __low2float(hi2) + __high2float(lo2) + t.hi + t.lo;
+  wmmae::split_fp16_compensated<wmmae::DeviceHalfRounding>(out[2], hi, lo);
+  wmmae::split_fp16x2_compensated(out[3], out[4], hi2, lo2);
+  out[7] = __half2float(hi) + __half2float(lo) + __low2float(hi2) + __high2float(lo2);
 }
 
 template <wmmae::Use U, int M, int N, int K, wmmae::Elem E>
