@@ -11,12 +11,14 @@
 // - B is split by all threads into hi/lo tiles in shared memory in a core-matrix layout wgmma reads (no
 //   swizzle: 8x8 core matrices of 128 bytes; K-major, or MN-major for row-major B in TMA stages, which wgmma
 //   transposes), one stage ahead of the products: warpgroup 1 before its first products of a stage,
-//   warpgroup 0 after them.
-// - Per 16-wide k-step and warpgroup: hi*hi into a fresh accumulator (one wgmma; two of 64 columns each in
-//   the row-major instantiation beside the resident pre-pass, see kHalfHi), added to the fp32 sum outside the
-//   tensor core (round to nearest) when done; lo*hi and hi*lo chained in the correction accumulator. All
-//   asynchronous, while the next stage of B is split; the last correction products of a stage still run
-//   while the next stage starts (B's hi/lo tiles are triple-buffered for that).
+//   warpgroup 0 after them. B's residual carries the compensation of the tensor core's truncation
+//   (wmmae::split_fp16_compensated).
+// - Per stage (two 16-wide k-steps) and warpgroup: the hi*hi products of both k-steps summed in a fresh
+//   accumulator (two wgmmas; four of 64 columns in the row-major instantiation beside the resident pre-pass,
+//   see kHalfHi), added to the fp32 sum outside the tensor core (round to nearest) when done (the portable
+//   WMMA kernel adds every k-step); lo*hi and hi*lo chained in the correction accumulator. All asynchronous,
+//   while the next stage of B is split; the last correction products of a stage still run while the next
+//   stage starts (B's hi/lo tiles are triple-buffered for that).
 // - The tf32 method (corrected_gemm_sm90_tf32_kernel; also auto's tiles that are not fp16-safe): the same
 //   kernel with tf32 hi and residual (the lines scaled only to keep clear of float32's subnormals and
 //   overflow, see line_shift), k-steps of 8 (four per stage), B's hi/lo tiles K-major with 4-byte elements
@@ -181,20 +183,32 @@ __device__ __forceinline__ void wgmma_m64n128k16_overwrite(float (&d)[64], const
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
-// d = a * b for 64 of b's columns (a 16x64 fp16 slice in shared memory): d 64x64 fp32, 32 registers, earlier
-// values dead (see wgmma_m64n128k16_overwrite).
+// d (+)= a * b for 64 of b's columns (a 16x64 fp16 slice in shared memory): d 64x64 fp32, 32 registers.
+#define WMMAE_WGMMA_M64N64K16_F16                                                                   \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                                      \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"                                           \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                 \
+  "}, {%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"
+#define WMMAE_WGMMA_ACC32(c) \
+  WMMAE_WGMMA_ACC8(c, 0), WMMAE_WGMMA_ACC8(c, 8), WMMAE_WGMMA_ACC8(c, 16), WMMAE_WGMMA_ACC8(c, 24)
+template <bool kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t b,
+                                                int accumulate) {
+#ifdef WMMAE_SM90A_DEVICE
+  asm volatile(WMMAE_WGMMA_M64N64K16_F16
+               : WMMAE_WGMMA_ACC32("+f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(b), "n"(kTransB ? 1 : 0));
+#endif
+}
+// d = a * b, earlier values of d dead (see wgmma_m64n128k16_overwrite).
 template <bool kTransB>
 __device__ __forceinline__ void wgmma_m64n64k16_overwrite(float (&d)[32], const std::uint32_t (&a)[4],
                                                           std::uint64_t b) {
 #ifdef WMMAE_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"
-      : WMMAE_WGMMA_ACC8("=f", 0), WMMAE_WGMMA_ACC8("=f", 8), WMMAE_WGMMA_ACC8("=f", 16), WMMAE_WGMMA_ACC8("=f", 24)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
+  asm volatile(WMMAE_WGMMA_M64N64K16_F16
+               : WMMAE_WGMMA_ACC32("=f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0), "l"(b), "n"(kTransB ? 1 : 0));
 #endif
 }
 // The tf32 products: d (+)= a * b with a a 64x8 tf32 fragment in registers (4 x 32 bits per thread: rows
@@ -225,6 +239,8 @@ __device__ __forceinline__ void wgmma_m64n128k8_tf32_overwrite(float (&d)[64], c
 }
 #undef WMMAE_WGMMA_M64N128K8_TF32
 #undef WMMAE_WGMMA_M64N128K16_F16
+#undef WMMAE_WGMMA_M64N64K16_F16
+#undef WMMAE_WGMMA_ACC32
 #undef WMMAE_WGMMA_ACC64
 #undef WMMAE_WGMMA_ACC8
 
@@ -651,8 +667,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
         for (int kc = 0; kc < kRowGroups; ++kc) {
           __half2 h01, l01, h23, l23;
-          wmmae::split_fp16x2(q[kc].x * b_scale[0], q[kc].y * b_scale[1], h01, l01);
-          wmmae::split_fp16x2(q[kc].z * b_scale[2], q[kc].w * b_scale[3], h23, l23);
+          wmmae::split_fp16x2_compensated(q[kc].x * b_scale[0], q[kc].y * b_scale[1], h01, l01);
+          wmmae::split_fp16x2_compensated(q[kc].z * b_scale[2], q[kc].w * b_scale[3], h23, l23);
           const int off = kc * kLbo;
           *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
           *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
@@ -680,7 +696,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
         for (int kc = 0; kc < kPairs; ++kc) {
           __half2 h2, l2;
-          wmmae::split_fp16x2(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
+          wmmae::split_fp16x2_compensated(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
           const int off = kc * kLbo + 8 * h * kSbo;  // = split_offset(b_split_col(h), b_split_k(kc)) - split_off
           *reinterpret_cast<__half2*>(hi + off) = h2;
           *reinterpret_cast<__half2*>(lo + off) = l2;
@@ -877,12 +893,15 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     int split_buf = 0;  // B's hi/lo buffer of stage kt: kt % kBuffers, counted without a division
     auto next_split_buf = [](int buf) { return buf == kBuffers - 1 ? 0 : buf + 1; };
     split_b(0, split_buf);
-    // Software pipeline over wgmma groups (in order per warpgroup): G1 = hi*hi of k-step 0, G2 = its two
-    // corrections, G3 = hi*hi of k-step 1, G4 = its corrections. Each wait leaves only the last correction
-    // group running, so the tensor cores have it to work on while the hi*hi part is added, A is split and
-    // the block meets at the next barrier. G4 of stage kt still reads B's hi/lo buffer kt % 3 and A's
-    // k-step 1 fragment during stage kt + 1: B is triple-buffered, and that fragment is rewritten only
-    // after the wait that retires G4.
+    // Software pipeline over wgmma groups (in order per warpgroup; the fp16 groups are named in each branch
+    // below). Each wait leaves a correction group running, so the tensor cores have it to work on while a
+    // hi*hi sum is added, A is split and the block meets at the next barrier. The last group of stage kt,
+    // k-step 1's corrections, still reads B's hi/lo buffer kt % 3 and A's k-step 1 fragment during stage
+    // kt + 1: B is triple-buffered, and that fragment is rewritten only after the wait that retires it.
+    // fp16 sums the hi*hi products of a stage's two k-steps in the tensor core and adds them to the fp32 sum
+    // once (half the additions of one per k-step; H200, session 61: 4096^3 1.7% and 64 x 512^3 6%
+    // less time per call), the truncation this doubles compensated in B's residual
+    // (wmmae::split_fp16_compensated).
     // The flush sits outside the stage loop: inside it, ptxas would wait for every group at each stage.
     std::uint32_t a_hi[2][4], a_lo[2][4];
     // k-step 0 of A is loaded a stage ahead (it has landed by then), so a stage starts without waiting
@@ -913,10 +932,11 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per k-step (two core matrices along k)
         split_a(a_next, a_hi[0], a_lo[0]);
         // B's split of the next stage (and A's next k-step-0 fragment) needs hh free: warpgroup 1 does it
-        // before its first products, warpgroup 0 after them, so that one warpgroup splits while the other's
-        // products run. (Both after their first products, in step, the tensor cores idled while both split:
-        // H200, 2-5% more GEMM time, up to 7% with a column-major operand. Moving A's split of the next stage
-        // before the barrier instead cost 2-4%.)
+        // before its first products, warpgroup 0 once its hh is free (fp16: after the stage's hi*hi sum is
+        // added; tf32 and kHalfHi, whose hh is half as large: after its first products), so that one
+        // warpgroup splits while the other's products run. (Both after their first products, in step, the
+        // tensor cores idled while both split: H200, 2-5% more GEMM time, up to 7% with a column-major
+        // operand. Moving A's split of the next stage before the barrier instead cost 2-4%.)
         auto split_ahead = [&]() {
           if (kt + 1 < k_tiles) {
             if constexpr (kTma) wait_tma_stage(kt + 1);  // (each thread right before it reads the stage)
@@ -953,57 +973,62 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           }
           wgmma_wait<0>();  // two hi/lo buffers: stage kt + 2's split, after the next barrier, rewrites this one's
         } else if constexpr (kHalfHi) {
-          // Per k-step: hi*hi of columns 0-63, then lo*hi behind it; hi*hi of columns 64-127, then hi*lo
-          // behind it. Each wait leaves the correction product running while the half is added.
+          // Per half of 64 columns: the hi*hi products of both k-steps summed in the tensor core, then added.
+          // Groups: G1 hi*hi of k-step 0, columns 0-63; G2 lo*hi of k-step 0; G3 hi*hi of k-step 1 onto G1;
+          // G4 hi*lo of k-step 0; G5 both k-steps' hi*hi of columns 64-127; G6 k-step 1's corrections. Each
+          // wait leaves a correction group running while the half is added.
           constexpr int kHalfNDesc = (kBlockN / 2 / 8) * kSbo >> 4;  // descriptor units of 64 columns
-#pragma unroll
-          for (int step = 0; step < 2; ++step) {
-            const std::uint64_t b_step_hi = b_hi + step * kStepDesc, b_step_lo = b_lo + step * kStepDesc;
-            wgmma_fence();
-            wgmma_m64n64k16_overwrite<kBMnMajor>(hh, a_hi[step], b_step_hi);
-            wgmma_commit();
-            wgmma_m64n128k16<kBMnMajor>(corr, a_lo[step], b_step_hi, step == 1 || kt != chunk_begin);
-            wgmma_commit();
-            if (step == 0) issue_ahead(kt);
-            wgmma_wait<1>();  // this half's hi*hi, and everything before it, is done
-            add_hi_products(0);
-            wgmma_fence();
-            wgmma_m64n64k16_overwrite<kBMnMajor>(hh, a_hi[step], b_step_hi + kHalfNDesc);
-            wgmma_commit();
-            wgmma_m64n128k16<kBMnMajor>(corr, a_hi[step], b_step_lo, 1);
-            wgmma_commit();
-            if (step == 0) {  // (k-step 1's fragment: the products that read it last stage are done)
-              AFragment a_step1;
-              load_a(sa, 1, a_step1);
-              if (!split_first) split_ahead();
-              split_a(a_step1, a_hi[1], a_lo[1]);
-            }
-            wgmma_wait<1>();
-            add_hi_products(1);
-          }
-        } else {
           wgmma_fence();
-          wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
+          wgmma_m64n64k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
           wgmma_commit();
           wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
-          wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
           wgmma_commit();
-          if constexpr (kTma) issue_ahead(kt);
-          wgmma_wait<1>();  // G1 of this stage and G4 of the previous one are done
-          add_hi_products();
+          issue_ahead(kt);
+          wgmma_wait<2>();  // G6 of the previous stage is done: A's k-step-1 fragment is free
           AFragment a_step1;
           load_a(sa, 1, a_step1);
-          // While G2 runs and hh is free: the split has registers to have all its loads in flight at once.
-          if (!split_first) split_ahead();
           split_a(a_step1, a_hi[1], a_lo[1]);
           wgmma_fence();
-          wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc);
+          wgmma_m64n64k16<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc, 1);
+          wgmma_commit();
+          wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
+          wgmma_commit();
+          wgmma_wait<1>();  // G3 (and G1 before it)
+          add_hi_products(0);
+          wgmma_fence();
+          wgmma_m64n64k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi + kHalfNDesc);
+          wgmma_m64n64k16<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc + kHalfNDesc, 1);
           wgmma_commit();
           wgmma_m64n128k16<kBMnMajor>(corr, a_lo[1], b_hi + kStepDesc, 1);
           wgmma_m64n128k16<kBMnMajor>(corr, a_hi[1], b_lo + kStepDesc, 1);
           wgmma_commit();
-          wgmma_wait<1>();  // G3 is done
+          if (!split_first) split_ahead();
+          wgmma_wait<1>();  // G5
+          add_hi_products(1);
+        } else {
+          // The hi*hi products of both k-steps summed in the tensor core (G1: k-step 0 into a fresh hh, with
+          // its corrections; G2: k-step 1 onto it; G3: k-step 1's corrections), added once per stage.
+          wgmma_fence();
+          wgmma_m64n128k16_overwrite<kBMnMajor>(hh, a_hi[0], b_hi);
+          wgmma_m64n128k16<kBMnMajor>(corr, a_lo[0], b_hi, kt != chunk_begin);  // a chunk starts from zero
+          wgmma_m64n128k16<kBMnMajor>(corr, a_hi[0], b_lo, 1);
+          wgmma_commit();
+          if constexpr (kTma) issue_ahead(kt);
+          wgmma_wait<1>();  // G3 of the previous stage is done: A's k-step-1 fragment is free
+          AFragment a_step1;
+          load_a(sa, 1, a_step1);
+          split_a(a_step1, a_hi[1], a_lo[1]);
+          wgmma_fence();
+          wgmma_m64n128k16<kBMnMajor>(hh, a_hi[1], b_hi + kStepDesc, 1);
+          wgmma_commit();
+          wgmma_m64n128k16<kBMnMajor>(corr, a_lo[1], b_hi + kStepDesc, 1);
+          wgmma_m64n128k16<kBMnMajor>(corr, a_hi[1], b_lo + kStepDesc, 1);
+          wgmma_commit();
+          wgmma_wait<1>();  // G2 (and G1 before it)
           add_hi_products();
+          // B's next split needs hh's registers: warpgroup 0 splits now, while G3 runs (warpgroup 1 split
+          // before its products).
+          if (!split_first) split_ahead();
         }
         split_buf = next_split_buf(split_buf);
       }

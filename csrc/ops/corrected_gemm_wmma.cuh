@@ -47,8 +47,9 @@ struct GemmConfig {
 
 // Splits one fp32 stage into hi and lo tiles (same orientation). Each element is scaled by its line's
 // factor first (the power of two of its row of A / column of B, see line_shift). `kScaleAlongInner`: the
-// scaled lines (rows of A, columns of B) run along the tile's inner dimension.
-template <Method M, int kOuter, int kInner, int kLdStage, int kLdSplit, bool kScaleAlongInner>
+// scaled lines (rows of A, columns of B) run along the tile's inner dimension. `kCompensate`: B's fp16
+// residuals carry the compensation of the tensor core's truncation (wmmae::split_fp16_compensated).
+template <Method M, int kOuter, int kInner, int kLdStage, int kLdSplit, bool kScaleAlongInner, bool kCompensate>
 __device__ __forceinline__ void split_stage(const float* stage, typename MethodTraits<M>::Smem* hi,
                                             typename MethodTraits<M>::Smem* lo, const float* scale) {
   using Plan = ChunkPlan<kOuter, kInner>;
@@ -71,8 +72,13 @@ __device__ __forceinline__ void split_stage(const float* stage, typename MethodT
       // A non-finite v leaves a NaN in lo, which never reaches a result: its product makes the hi*hi sum
       // non-finite, and the epilogue then returns that sum alone.
       __half2 h01, h23, l01, l23;
-      wmmae::split_fp16x2(v.x, v.y, h01, l01);
-      wmmae::split_fp16x2(v.z, v.w, h23, l23);
+      if constexpr (kCompensate) {
+        wmmae::split_fp16x2_compensated(v.x, v.y, h01, l01);
+        wmmae::split_fp16x2_compensated(v.z, v.w, h23, l23);
+      } else {
+        wmmae::split_fp16x2(v.x, v.y, h01, l01);
+        wmmae::split_fp16x2(v.z, v.w, h23, l23);
+      }
       *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
       *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
     } else {
@@ -150,9 +156,9 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
       const float* sa = stage_a_of(kt);
       const float* sb = stage_b_of(kt);
       // A's scaled lines are its rows (outer when row-major); B's are its columns (inner when row-major).
-      split_stage<M, Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA, Cfg::kLdSplitA, !kARowMajor>(
+      split_stage<M, Cfg::A::kOuter, Cfg::A::kInner, Cfg::kLdStageA, Cfg::kLdSplitA, !kARowMajor, false>(
           sa, split_a(buf, 0), split_a(buf, 1), scales.a_scale);
-      split_stage<M, Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB, Cfg::kLdSplitB, kBRowMajor>(
+      split_stage<M, Cfg::B::kOuter, Cfg::B::kInner, Cfg::kLdStageB, Cfg::kLdSplitB, kBRowMajor, true>(
           sb, split_b(buf, 0), split_b(buf, 1), scales.b_scale);
     };
 

@@ -4,6 +4,10 @@
 // Per output element, per chunk of accumulation_chunk(m, n) elements of K, per k-step (16 for fp16, 8 for tf32):
 //   main += fp32( sum_k hiA*hiB )              (exact products, fp32 sum; added outside the tensor core)
 //   corr += fp32( sum_k loA*hiB ); corr += fp32( sum_k hiA*loB )   (chained in their own accumulator)
+// except that fp16's hi*hi sums span two k-steps (kFp16HiSumK), each k-step's result truncated toward zero as
+// the tensor core truncates it, and B's fp16 residual carries the compensation of that truncation
+// (wmmae::split_fp16_compensated). The corrections' own truncation, 2^-11 of the result's scale, is not
+// modelled.
 // chunk = main + corr * lo_unscale (a non-finite main is taken as it is: an Inf times a residual must not
 // turn into NaN); the chunks are summed in fp32, then the power-of-two row/column scaling is undone.
 // Which split an output element takes is decided per 128x128 output tile, as on the GPU: "auto" takes fp16
@@ -40,8 +44,9 @@ struct SplitOperand {
   std::vector<int> tile_span;      // per kGemmTile rows: the largest exponent_span of a row
 };
 
-// `mat` is [rows, k] (A as is, B transposed): any strides.
-SplitOperand split_operand(const at::Tensor& mat) {
+// `mat` is [rows, k] (A as is, B transposed): any strides. B's fp16 residuals carry the compensation of the
+// tensor core's truncation (compensate_fp16), A's do not.
+SplitOperand split_operand(const at::Tensor& mat, bool compensate_fp16) {
   SplitOperand s;
   s.rows = mat.size(0);
   s.k = mat.size(1);
@@ -73,7 +78,11 @@ SplitOperand split_operand(const at::Tensor& mat) {
         const std::size_t i = static_cast<std::size_t>(r * s.k + k);
         s.value[i] = v;
         c10::Half hi, lo;
-        wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
+        if (compensate_fp16) {
+          wmmae::split_fp16_compensated<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
+        } else {
+          wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
+        }
         s.fp16_hi[i] = static_cast<float>(hi);
         s.fp16_lo[i] = static_cast<float>(lo);
         const wmmae::Tf32Split t = split_tf32_scaled(v, std::ldexp(1.0f, tf32_shift));
@@ -105,21 +114,55 @@ float fma_dot(const float* a, const float* b, std::int64_t k, int chunk_length) 
   return total;
 }
 
+// The float32 result of a tensor-core product, d = c + the sum of the products, truncated toward zero, as
+// Hopper's tensor cores give it (up to the bits they drop while aligning the terms, which this model does not
+// drop: the sum is taken in double, where products of two 11-bit halves are exact). Inf and NaN pass through.
+float tensor_core_result(double exact) {
+  const float f = static_cast<float>(exact);
+  return std::fabs(static_cast<double>(f)) > std::fabs(exact) ? std::nextafter(f, 0.0f) : f;
+}
+
+// sum_k hi_a * hi_b over [k0, k1) as the fp16 wgmma kernel forms it: one tensor-core product per k-step, the
+// second accumulating onto the first's result.
+float fp16_hi_products(const float* a_hi, const float* b_hi, std::int64_t k0, std::int64_t k1) {
+  float hh = 0.0f;
+  for (std::int64_t s0 = k0; s0 < k1; s0 += kFp16KStep) {
+    double exact = hh;
+    for (std::int64_t i = s0; i < std::min<std::int64_t>(k1, s0 + kFp16KStep); ++i) {
+      exact += static_cast<double>(a_hi[i]) * static_cast<double>(b_hi[i]);
+    }
+    hh = tensor_core_result(exact);
+  }
+  return hh;
+}
+
+// kFp16: hi*hi summed over kFp16HiSumK in the tensor core (fp16_hi_products); otherwise per k-step, in fp32.
+template <bool kFp16>
 float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, const float* b_lo, std::int64_t k,
-                    int k_step, float lo_unscale, int chunk_length) {
+                    float lo_unscale, int chunk_length) {
+  constexpr int kStep = kFp16 ? kFp16KStep : kTf32KStep;
+  constexpr int kHiStep = kFp16 ? kFp16HiSumK : kTf32KStep;
   float total = 0.0f;
   for (std::int64_t c0 = 0; c0 < k; c0 += chunk_length) {
     const std::int64_t c1 = std::min<std::int64_t>(k, c0 + chunk_length);
     float main = 0.0f, corr = 0.0f;
-    for (std::int64_t k0 = c0; k0 < c1; k0 += k_step) {
-      const std::int64_t k1 = std::min<std::int64_t>(c1, k0 + k_step);
-      float hh = 0.0f, lh = 0.0f, hl = 0.0f;
-      for (std::int64_t i = k0; i < k1; ++i) hh += a_hi[i] * b_hi[i];
-      for (std::int64_t i = k0; i < k1; ++i) lh += a_lo[i] * b_hi[i];
-      for (std::int64_t i = k0; i < k1; ++i) hl += a_hi[i] * b_lo[i];
+    for (std::int64_t h0 = c0; h0 < c1; h0 += kHiStep) {
+      const std::int64_t h1 = std::min<std::int64_t>(c1, h0 + kHiStep);
+      float hh = 0.0f;
+      if constexpr (kFp16) {
+        hh = fp16_hi_products(a_hi, b_hi, h0, h1);
+      } else {
+        for (std::int64_t i = h0; i < h1; ++i) hh += a_hi[i] * b_hi[i];
+      }
       main += hh;
-      corr += lh;
-      corr += hl;
+      for (std::int64_t k0 = h0; k0 < h1; k0 += kStep) {
+        const std::int64_t k1 = std::min<std::int64_t>(h1, k0 + kStep);
+        float lh = 0.0f, hl = 0.0f;
+        for (std::int64_t i = k0; i < k1; ++i) lh += a_lo[i] * b_hi[i];
+        for (std::int64_t i = k0; i < k1; ++i) hl += a_hi[i] * b_lo[i];
+        corr += lh;
+        corr += hl;
+      }
     }
     const float chunk = std::isfinite(main) ? main + corr * lo_unscale : main;
     total = c0 == 0 ? chunk : total + chunk;
@@ -128,8 +171,8 @@ float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, con
 }
 
 void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, Method method) {
-  const SplitOperand sa = split_operand(a);
-  const SplitOperand sb = split_operand(b.t());
+  const SplitOperand sa = split_operand(a, false);
+  const SplitOperand sb = split_operand(b.t(), true);
   const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
   const int chunk = accumulation_chunk(m, n), log2_k = ceil_log2(k);
   const std::int64_t tiles_m = (m + kGemmTile - 1) / kGemmTile, tiles_n = (n + kGemmTile - 1) / kGemmTile;
@@ -148,12 +191,12 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
             const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
             float v;
             if (use_fp16) {
-              v = corrected_dot(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k, kFp16KStep,
-                                wmmae::kFp16ResidualUnscale, chunk);
+              v = corrected_dot<true>(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k,
+                                      wmmae::kFp16ResidualUnscale, chunk);
               v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
             } else {
-              v = corrected_dot(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, kTf32KStep,
-                                1.0f, chunk);
+              v = corrected_dot<false>(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, 1.0f,
+                                       chunk);
               v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
               at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant] |=
                   check && sa.has_nonzero[i] && sb.has_nonzero[j] &&

@@ -11,13 +11,16 @@
 //    and residual (wmmae::split_fp16x2 / split_tf32) into double-buffered shared-memory tiles, once per
 //    element and block: there are no hi/lo copies of A or B in global memory. Per k-step three mma's: hi*hi
 //    into a zero accumulator that is added to the fp32 result outside the tensor core (round to nearest), and
-//    lo*hi + hi*lo chained in a correction accumulator. K is summed in chunks (accumulation_chunk) whose
+//    lo*hi + hi*lo chained in a correction accumulator; B's residual carries the compensation of the tensor
+//    core's truncation of the hi*hi sums (wmmae::split_fp16_compensated). K is summed in chunks
+//    (accumulation_chunk) whose
 //    results are added in the output tile (two-level summation, no extra registers). With few output tiles, K
 //    is also split across blocks (split-K, fp32 atomics; not in deterministic mode), or, in the wgmma kernel,
 //    every block takes an equal share of all (tile, k-stage) units (stream-K, also atomics).
 //    On H100/H200 (sm_90a builds) both GEMMs are the wgmma kernel of corrected_gemm_sm90.cuh instead
 //    (fp16 and tf32 instantiations): same tiles, stages, scaling and chunked summation, A split straight
-//    into wgmma register fragments.
+//    into wgmma register fragments, and (fp16) the hi*hi products of two k-steps summed in the tensor core
+//    before they are added (kFp16HiSumK).
 //    On sm_90 the fp16 GEMM's blocks may start while the pre-pass finishes (allow_dependent_grid).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The

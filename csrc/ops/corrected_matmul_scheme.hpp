@@ -18,6 +18,11 @@ Method method_from_string(const std::string& name);
 // outside the tensor core, the corrections are chained inside their own accumulator.
 constexpr int kFp16KStep = 16;
 constexpr int kTf32KStep = 8;
+// The fp16 wgmma kernel (H100/H200) sums the hi*hi products of two k-steps in the tensor core before it adds
+// them to the fp32 result: half the additions. The tensor core's truncation, which that sum doubles, is
+// compensated in B's residual (wmmae::split_fp16_compensated); the CPU emulation does the same. The portable
+// WMMA kernel adds every k-step (kFp16KStep).
+constexpr int kFp16HiSumK = 2 * kFp16KStep;
 
 // K is summed in chunks: each chunk accumulates from zero and the chunk results are added in fp32.
 // Two-level summation: the rounding error grows like (chunk / k-step + K / chunk) ulps instead of
