@@ -11,8 +11,8 @@
 // - B is split by all threads into hi/lo tiles in shared memory in a core-matrix layout wgmma reads (no
 //   swizzle: 8x8 core matrices of 128 bytes; K-major, or MN-major for row-major B in TMA stages, which wgmma
 //   transposes), one stage ahead of the products: warpgroup 1 before its first products of a stage,
-//   warpgroup 0 after them. B's residual carries the compensation of the tensor core's truncation
-//   (wmmae::split_fp16_compensated).
+//   warpgroup 0 later in the stage (see split_ahead). B's residual carries the compensation of the tensor
+//   core's truncation (wmmae::split_fp16_compensated).
 // - Per stage (two 16-wide k-steps) and warpgroup: the hi*hi products of both k-steps summed in a fresh
 //   accumulator (two wgmmas; four of 64 columns in the row-major instantiation beside the resident pre-pass,
 //   see kHalfHi), added to the fp32 sum outside the tensor core (round to nearest) when done (the portable
