@@ -99,6 +99,16 @@ def main() -> None:
         time.sleep(args.cool)
 
     rows = []
+
+    def save(complete: bool) -> None:
+        # Written after each part as well, so that a run stopped by a time limit still leaves what it measured
+        # ("complete": false until the sweep's last point).
+        payload = header() | {"complete": complete, "rows": rows}
+        write_results("corrected_matmul", payload,
+                      ["m", "n", "k", "batch", "method", "dist", "tflops", "fp32_tflops", "tf32_tflops",
+                       "speedup_vs_fp32", "call_speedup_vs_fp32", "rel_err", "fp32_rel_err"], args.out,
+                      "corrected_matmul vs torch.matmul")
+
     squares = (1024, 2048, 4096, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
     for s in squares:
         settle()
@@ -109,16 +119,16 @@ def main() -> None:
     settle()
     rows += bench_shape(512, 512, 512, 64, l2, reps=20)
     print(rows[-3:], flush=True)
+    save(complete=False)
     step = args.sweep_step or (1024 if args.quick else 64)
     from tqdm import tqdm
 
-    for n in tqdm(range(64, 47360 + 1, step), desc="M=128, K=4096 sweep"):
+    for i, n in enumerate(tqdm(range(64, 47360 + 1, step), desc="M=128, K=4096 sweep")):
         rows += bench_shape(128, n, 4096, 1, l2, reps=10, methods=("auto",), err_rows=128)
+        if i % 100 == 99:
+            save(complete=False)
     print(f"sweep done: {len(rows)} rows", flush=True)
-    payload = header() | {"rows": rows}
-    write_results("corrected_matmul", payload,
-                  ["m", "n", "k", "batch", "method", "dist", "tflops", "fp32_tflops", "tf32_tflops", "speedup_vs_fp32",
-                   "call_speedup_vs_fp32", "rel_err", "fp32_rel_err"], args.out, "corrected_matmul vs torch.matmul")
+    save(complete=True)
     for r in rows:
         if r["n"] in (1024, 2048, 4096, 8192, 16384, 512) and (r["m"] == r["n"] or r["batch"] > 1):
             print(f"{r['batch']}x{r['m']}x{r['n']}x{r['k']} {r['method']:5s} {r['dist']:7s} {r['tflops']:7.1f} TFLOP/s "
