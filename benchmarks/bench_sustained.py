@@ -79,6 +79,8 @@ def main() -> None:
                         "showed 254 W where 3 s showed 691)")
     p.add_argument("--cool", type=float, default=2.0, help="idle seconds before each")
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
+    p.add_argument("--only", default=None,
+                   help="run only the cases whose 'label batch x n^3' contains this text (e.g. 'fp16 1 x 16384')")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_sustained.py needs a CUDA GPU")
@@ -94,6 +96,10 @@ def main() -> None:
         ("corrected_matmul auto", 64, 512, torch.float32, torch_wmmae.corrected_matmul),
         ("torch fp32", 64, 512, torch.float32, torch.matmul),
     ]
+    if args.only is not None:
+        cases = [c for c in cases if args.only in f"{c[0]} {c[1]} x {c[2]}^3"]
+        if not cases:
+            sys.exit(f"--only {args.only!r} matches no case")
     phases, samples = [], []
     with tempfile.TemporaryDirectory() as tmp:
         smi_path = os.path.join(tmp, "smi.csv")
