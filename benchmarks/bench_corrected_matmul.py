@@ -57,6 +57,9 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles, k_splits, blocks, stream_k_blocks, persistent_blocks = torch.ops.wmmae._corrected_matmul_grid(
         m, n, k, batch, sms)
+    # The tile rows its consecutive tiles walk down, from the K of a split (whole 32-k stages) and the L2 size.
+    k_per_split = ((k + k_splits - 1) // k_splits + 31) // 32 * 32
+    tile_group_rows = torch.ops.wmmae._tile_group_rows(k_per_split, torch.cuda.get_device_properties(0).L2_cache_size)
     out = []
     for method in methods:
         ours = lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method)  # noqa: E731
@@ -67,7 +70,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
                         speedup_vs_fp32=fp32_ms / ms, call_ms=call_ms, fp32_call_ms=fp32_call_ms,
                         call_speedup_vs_fp32=fp32_call_ms / call_ms, rel_err=err, fp32_rel_err=fp32_err,
                         tiles=tiles, k_splits=k_splits, blocks=blocks, stream_k_blocks=stream_k_blocks,
-                        persistent_blocks=persistent_blocks))
+                        persistent_blocks=persistent_blocks, tile_group_rows=tile_group_rows))
     del a_sets, b_sets
     torch.cuda.empty_cache()
     return out

@@ -1328,6 +1328,22 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
     assert rel_err(out[:1, :64], ref) < 1e-6
 
 
+def test_tile_group_rule():
+    """torch.ops.wmmae._tile_group_rows (what the CUDA op launches with unless TORCH_WMMAE_TILE_GROUP_ROWS says
+    otherwise): 8 tile rows, or 4 where 8 x K x 128 floats of A (what L2 holds between the tiles that share a
+    strip of A) do not fit 2/3 of L2; never fewer (B is read from DRAM once per group)."""
+    rows = torch.ops.wmmae._tile_group_rows
+    l2 = 50 * 2**20  # H100 (the H200 reports 60 MiB)
+    assert rows(0, l2) == 8 and rows(4096, l2) == 8 and rows(8192, l2) == 8  # 8 rows at K = 8192: 32 MiB of A
+    assert rows(8704, l2) == 4 and rows(16384, l2) == 4 and rows(32768, l2) == 4
+    assert rows(2**62, l2) == 4 and rows(16384, 0) == 4 and rows(2**40, 2**62) == 8  # no overflow
+    assert rows(16384, 100 * 2**20) == 8  # a larger L2 keeps the taller groups
+    for k in range(0, 1 << 17, 256):
+        assert rows(k, l2) == (8 if 3 * 8 * k * 128 * 4 <= 2 * l2 else 4), k
+    with pytest.raises(RuntimeError, match="'k' and 'l2_bytes' must be non-negative"):
+        rows(-1, l2)
+
+
 def test_launch_grid_rule(monkeypatch):
     """torch.ops.wmmae._corrected_matmul_grid (what the CUDA op launches, recorded by the benchmarks): one
     128x128 tile per output block; split-K only when the tiles cannot fill the GPU four times over, never below

@@ -87,6 +87,54 @@ def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method
     assert_matmul_within_dot_product_bound(out, a.expand(3, 2, 130, 70), b.expand(3, 2, 70, 129), method)
 
 
+# The GEMM kernel families on CUDA (GEMM_TARGETS without the CPU, which has no tiles).
+CUDA_GEMM_TARGETS = GEMM_TARGETS[1:]
+
+
+@pytest.mark.parametrize("gemm_device", CUDA_GEMM_TARGETS, indirect=True)
+@pytest.mark.parametrize("method", METHODS)
+def test_tile_order_keeps_every_bit(gemm_device, gen, monkeypatch, method):
+    """The order in which a GEMM's blocks take their tiles (tile_origin: groups of TORCH_WMMAE_TILE_GROUP_ROWS
+    tile rows, or the host's choice from K and the L2 size) moves no output bit: 1000 x 700 is 8 x 6 tiles, so
+    groups of 3 rows end in a partial group of 2, and groups of 1 or 64 walk rows or columns only."""
+    a = random_tensor(gen, (1000, 300), "normal", gemm_device)
+    b = random_tensor(gen, (300, 700), "normal", gemm_device)
+    outs = {}
+    with deterministic():  # no split-K: its atomics add in any order
+        for rows in ("1", "3", "64", None):
+            if rows is None:
+                monkeypatch.delenv("TORCH_WMMAE_TILE_GROUP_ROWS", raising=False)
+            else:
+                monkeypatch.setenv("TORCH_WMMAE_TILE_GROUP_ROWS", rows)
+            outs[rows] = torch_wmmae.corrected_matmul(a, b, method=method)
+    for rows, out in outs.items():
+        assert torch.equal(out, outs[None]), f"groups of {rows} tile rows"
+    assert_matmul_within_dot_product_bound(outs[None], a, b, method)
+
+
+@pytest.mark.parametrize("gemm_device", CUDA_GEMM_TARGETS, indirect=True)
+@pytest.mark.parametrize("method", ["tf32", "auto"])
+def test_tile_order_keeps_the_float32_fallbacks_bits(gemm_device, gen, monkeypatch, method):
+    """The float32 fallback finds its tiles through tile_origin too: in any group height it recomputes each
+    tile that the GEMM left it, with the CPU emulation's bits (3 x 3 tiles, groups of 2 rows and of 1)."""
+    a, b = outputs_at_risk(gen, (300, 2100), (2100, 260))
+    want = torch_wmmae.corrected_matmul(a, b, method=method)
+    for rows in ("2", "1"):
+        monkeypatch.setenv("TORCH_WMMAE_TILE_GROUP_ROWS", rows)
+        out = torch_wmmae.corrected_matmul(a.to(gemm_device), b.to(gemm_device), method=method)
+        assert torch.equal(out.cpu(), want), f"groups of {rows} tile rows"
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("value", ["0", "-2", "four", "3.5"])
+def test_tile_group_rows_switch_rejects_what_is_not_a_positive_integer(monkeypatch, value):
+    monkeypatch.setenv("TORCH_WMMAE_TILE_GROUP_ROWS", value)
+    a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_TILE_GROUP_ROWS must be a positive integer.*'{value}'"):
+        torch_wmmae.corrected_matmul(a, b)
+
+
 # The ways a GEMM block writes its output tile (the wgmma kernel's flush): whole tiles and tiles at the
 # output's edge (partial rows and columns), each with 16-byte aligned rows (a width of 0 mod 4: float4s) and
 # with a width of 2 mod 4 (float2s), with one chunk of K (direct stores) or split K (atomics); a row and a

@@ -486,7 +486,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     const std::int64_t z = piece.z;
     ring_start = __shfl_sync(0xffffffffu, ring_start, 0);  // (the same in every lane: see warp)
     std::int64_t m0, n0;
-    tile_origin(m, n, piece.tile, m0, n0);
+    tile_origin(m, n, args.tile_group_rows, piece.tile, m0, n0);
     const std::int64_t k_begin = piece.stage_begin * kBlockK;
     const std::int64_t k_end = min(k, piece.stage_end * kBlockK);
     if constexpr (!kTma) {
@@ -558,7 +558,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         NextBox box_next{0, 0, 0, 0};
         if (k_tiles >= kStages - 1 && BlockWork::valid(next)) {
           std::int64_t next_m0, next_n0;
-          tile_origin(m, n, next.tile, next_m0, next_n0);
+          tile_origin(m, n, args.tile_group_rows, next.tile, next_m0, next_n0);
           const std::int64_t next_stages = next.stage_end - next.stage_begin;
           box_next = NextBox{static_cast<int>(box_of_a ? next_m0 : next_n0) + box * 32,
                              box_batched ? static_cast<int>(next.z) : 0, static_cast<int>(next.stage_begin * kBlockK),

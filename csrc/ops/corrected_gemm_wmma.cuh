@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     if (*args.tf32_tiles_pending == 0) return;
   }
   std::int64_t m0, n0;
-  tile_origin(m, n, blockIdx.x, m0, n0);
+  tile_origin(m, n, args.tile_group_rows, blockIdx.x, m0, n0);
   const int warp = threadIdx.x / 32;
   const int wm = warp / kWarpsN, wn = warp % kWarpsN;
 

@@ -54,7 +54,6 @@ using namespace nvcuda;
 
 constexpr int kBlockM = kGemmTile, kBlockN = kGemmTile;
 constexpr int kThreads = 256;  // both GEMM kernels: 8 warps (the WMMA kernel's 2 x 4, the wgmma kernel's 2 warpgroups)
-constexpr int kGroupM = 8;  // consecutive blocks walk down 8 tile rows first: better L2 reuse of B
 
 // Per-method types. The shared-memory tiles are padded by 16 bytes per row against bank conflicts.
 template <Method M> struct MethodTraits;
@@ -142,6 +141,7 @@ struct GemmArgs {
   int prepass_items_per_batch;
   // The wgmma fp16 GEMM's blocks [0, start_stagger_blocks) start a little apart (sm90::stagger_start); 0: none.
   int start_stagger_blocks;
+  int tile_group_rows;  // tile_origin's group height (gemm_tile_group_rows)
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
 
@@ -290,15 +290,16 @@ __device__ __forceinline__ void load_stage(float* dst, const float* base, std::i
   }
 }
 
-// Where output tile `tile` starts: groups of kGroupM tile rows, column by column inside a group (consecutive
-// tiles share columns of B in L2).
-__device__ inline void tile_origin(std::int64_t m, std::int64_t n, std::int64_t tile, std::int64_t& m0,
-                                   std::int64_t& n0) {
+// Where output tile `tile` starts: groups of `group_rows` tile rows, column by column inside a group
+// (consecutive tiles share columns of B in L2, tiles group_rows apart rows of A; gemm_tile_group_rows).
+__device__ inline void tile_origin(std::int64_t m, std::int64_t n, int group_rows, std::int64_t tile,
+                                   std::int64_t& m0, std::int64_t& n0) {
   const std::int64_t tiles_m = (m + kBlockM - 1) / kBlockM, tiles_n = (n + kBlockN - 1) / kBlockN;
-  const std::int64_t first_m = tile / (kGroupM * tiles_n) * kGroupM;
-  const std::int64_t group_rows = min(static_cast<std::int64_t>(kGroupM), tiles_m - first_m);
-  m0 = (first_m + (tile % (kGroupM * tiles_n)) % group_rows) * kBlockM;
-  n0 = (tile % (kGroupM * tiles_n)) / group_rows * kBlockN;
+  const std::int64_t group_tiles = group_rows * tiles_n;
+  const std::int64_t first_m = tile / group_tiles * group_rows;
+  const std::int64_t rows = min(static_cast<std::int64_t>(group_rows), tiles_m - first_m);
+  m0 = (first_m + (tile % group_tiles) % rows) * kBlockM;
+  n0 = (tile % group_tiles) / rows * kBlockN;
 }
 
 // The pieces of work (TileWork) of one GEMM block, one after the other: with stream-K its share of the units
@@ -816,6 +817,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
+  args.tile_group_rows = launch_tile_group_rows(grid.k_per_split, props.l2CacheSize);
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;

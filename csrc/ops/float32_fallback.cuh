@@ -281,7 +281,7 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
     const std::int64_t t = item / kFallbackQuadrantsPerTile, z = t / tiles;
     const int quadrant = static_cast<int>(item % kFallbackQuadrantsPerTile);
     std::int64_t m0, n0;
-    tile_origin(m, n, t % tiles, m0, n0);
+    tile_origin(m, n, args.tile_group_rows, t % tiles, m0, n0);
     const int q_row = quadrant / kFallbackQuadrantsPerSide * kFmaQuad;
     const int q_col = quadrant % kFallbackQuadrantsPerSide * kFmaQuad;
     if (m0 + q_row >= m || n0 + q_col >= n) continue;

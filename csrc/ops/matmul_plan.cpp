@@ -264,6 +264,24 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   return grid;
 }
 
+int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes) {
+  TORCH_CHECK(k >= 0 && l2_bytes >= 0, "gemm_tile_group_rows: arguments 'k' and 'l2_bytes' must be non-negative, "
+              "got ", k, " and ", l2_bytes);
+  // kMaxTileGroupRows x k x kGemmTile floats <= 2/3 of l2_bytes, as a bound on k (no product to overflow)
+  constexpr std::int64_t kBytesPerK = kMaxTileGroupRows * kGemmTile * static_cast<std::int64_t>(sizeof(float));
+  return k <= l2_bytes / (3 * kBytesPerK / 2) ? kMaxTileGroupRows : kMinTileGroupRows;
+}
+
+int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes) {
+  const char* env = std::getenv("TORCH_WMMAE_TILE_GROUP_ROWS");
+  if (env == nullptr || *env == '\0') return gemm_tile_group_rows(k, l2_bytes);
+  char* end = nullptr;
+  const long rows = std::strtol(env, &end, 10);
+  TORCH_CHECK(*end == '\0' && rows >= 1 && rows <= (1 << 20), "corrected_matmul: the environment variable "
+              "TORCH_WMMAE_TILE_GROUP_ROWS must be a positive integer (tile rows per group), got '", env, "'");
+  return static_cast<int>(rows);
+}
+
 std::vector<std::int64_t> stream_k_shares(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks) {
   TORCH_CHECK(tiles > 0 && k_stages > 0 && blocks > 0, "stream_k_shares: arguments 'tiles', 'k_stages' and "
               "'blocks' must be positive, got ", tiles, ", ", k_stages, ", ", blocks);
