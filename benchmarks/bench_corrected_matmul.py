@@ -57,9 +57,8 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles, k_splits, blocks, stream_k_blocks, persistent_blocks = torch.ops.wmmae._corrected_matmul_grid(
         m, n, k, batch, sms)
-    # The tile rows its consecutive tiles walk down, from the K of a split (whole 32-k stages) and the L2 size.
-    k_per_split = ((k + k_splits - 1) // k_splits + 31) // 32 * 32
-    tile_group_rows = torch.ops.wmmae._tile_group_rows(k_per_split, torch.cuda.get_device_properties(0).L2_cache_size)
+    # The tile rows its consecutive tiles walk down, from the K of a split and the L2 size.
+    tile_group_rows = torch.ops.wmmae._tile_group_rows(k, torch.cuda.get_device_properties(0).L2_cache_size, k_splits)
     out = []
     for method in methods:
         ours = lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method)  # noqa: E731

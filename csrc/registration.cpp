@@ -60,10 +60,12 @@ TORCH_LIBRARY(wmmae, m) {
                                            grid.tiles * grid.persistent_batch_slots};
         });
 
-  // How many tile rows the GEMM's consecutive tiles walk down (gemm_tile_group_rows) for tiles of K `k` on a
-  // GPU with `l2_bytes` of L2: the benchmarks record it.
-  m.def("_tile_group_rows(int k, int l2_bytes) -> int",
-        [](std::int64_t k, std::int64_t l2_bytes) -> std::int64_t { return gemm_tile_group_rows(k, l2_bytes); });
+  // How many tile rows the GEMM's consecutive tiles walk down (gemm_tile_group_rows) for K `k` cut into
+  // `k_splits` (_corrected_matmul_grid's second entry) on a GPU with `l2_bytes` of L2: the benchmarks record it.
+  m.def("_tile_group_rows(int k, int l2_bytes, int k_splits=1) -> int",
+        [](std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits) -> std::int64_t {
+          return gemm_tile_group_rows(k, l2_bytes, k_splits);
+        });
 
   // Where each block's stream-K share starts, as the CUDA op schedules `tiles` tiles (batch entries included) of
   // `k_stages` k-stages over `blocks` blocks: blocks + 1 units, the last the end of the work. Tests check the

@@ -1340,8 +1340,14 @@ def test_tile_group_rule():
     assert rows(16384, 100 * 2**20) == 8  # a larger L2 keeps the taller groups
     for k in range(0, 1 << 17, 256):
         assert rows(k, l2) == (8 if 3 * 8 * k * 128 * 4 <= 2 * l2 else 4), k
+    # K cut into splits: the K of one split (whole 32-k stages) decides.
+    assert rows(16384, l2, 2) == 8 and rows(17100, l2, 2) == 4 and rows(65536, l2, 8) == 8
+    assert all(rows(k, l2, s) == rows((-(-k // s) + 31) // 32 * 32, l2) for k in (100, 8193, 20000, 70000)
+               for s in (1, 2, 3, 7))
     with pytest.raises(RuntimeError, match="'k' and 'l2_bytes' must be non-negative"):
         rows(-1, l2)
+    with pytest.raises(RuntimeError, match="'k_splits' a positive split count"):
+        rows(4096, l2, 0)
 
 
 def test_launch_grid_rule(monkeypatch):

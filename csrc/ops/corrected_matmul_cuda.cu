@@ -817,7 +817,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
-  args.tile_group_rows = launch_tile_group_rows(grid.k_per_split, props.l2CacheSize);
+  args.tile_group_rows = launch_tile_group_rows(plan.k, props.l2CacheSize, grid.k_splits);
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;

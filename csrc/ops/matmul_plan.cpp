@@ -264,17 +264,20 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   return grid;
 }
 
-int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes) {
-  TORCH_CHECK(k >= 0 && l2_bytes >= 0, "gemm_tile_group_rows: arguments 'k' and 'l2_bytes' must be non-negative, "
-              "got ", k, " and ", l2_bytes);
-  // kMaxTileGroupRows x k x kGemmTile floats <= 2/3 of l2_bytes, as a bound on k (no product to overflow)
+int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits) {
+  TORCH_CHECK(k >= 0 && l2_bytes >= 0 && k_splits >= 1 && k_splits <= (1 << 20), "gemm_tile_group_rows: arguments "
+              "'k' and 'l2_bytes' must be non-negative and 'k_splits' a positive split count, got ", k, ", ",
+              l2_bytes, " and ", k_splits);
+  const std::int64_t k_piece = k_per_split(k, static_cast<int>(k_splits));
+  // kMaxTileGroupRows x k_piece x kGemmTile floats <= 2/3 of l2_bytes, as a bound on k_piece (no product to
+  // overflow)
   constexpr std::int64_t kBytesPerK = kMaxTileGroupRows * kGemmTile * static_cast<std::int64_t>(sizeof(float));
-  return k <= l2_bytes / (3 * kBytesPerK / 2) ? kMaxTileGroupRows : kMinTileGroupRows;
+  return k_piece <= l2_bytes / (3 * kBytesPerK / 2) ? kMaxTileGroupRows : kMinTileGroupRows;
 }
 
-int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes) {
+int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits) {
   const char* env = std::getenv("TORCH_WMMAE_TILE_GROUP_ROWS");
-  if (env == nullptr || *env == '\0') return gemm_tile_group_rows(k, l2_bytes);
+  if (env == nullptr || *env == '\0') return gemm_tile_group_rows(k, l2_bytes, k_splits);
   char* end = nullptr;
   const long rows = std::strtol(env, &end, 10);
   TORCH_CHECK(*end == '\0' && rows >= 1 && rows <= (1 << 20), "corrected_matmul: the environment variable "
