@@ -54,11 +54,11 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     torch.backends.cuda.matmul.allow_tf32 = False
     # The launch grid of the CUDA GEMM for this problem (tiles x K splits, or the wgmma kernel's stream-K
     # blocks, or its persistent batched blocks), as the op chose it.
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
     tiles, k_splits, blocks, stream_k_blocks, persistent_blocks = torch.ops.wmmae._corrected_matmul_grid(
-        m, n, k, batch, sms)
+        m, n, k, batch, props.multi_processor_count, props.L2_cache_size)
     # The tile rows its consecutive tiles walk down, from the K of a split and the L2 size.
-    tile_group_rows = torch.ops.wmmae._tile_group_rows(k, torch.cuda.get_device_properties(0).L2_cache_size, k_splits)
+    tile_group_rows = torch.ops.wmmae._tile_group_rows(k, props.L2_cache_size, k_splits)
     out = []
     for method in methods:
         ours = lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method)  # noqa: E731

@@ -50,12 +50,14 @@ TORCH_LIBRARY(wmmae, m) {
         "Device? device=None) -> Tensor");
   m.impl("fragment_map", c10::DispatchKey::CPU, TORCH_FN(fragment_map_cpu));
 
-  // The CUDA GEMM's launch grid for a problem, [tiles per batch entry, K splits, blocks of that grid,
+  // The CUDA GEMM's launch grid for a problem on a GPU of `sm_count` SMs and `l2_bytes` of L2 (long_k_splits
+  // reads it; 0 by default, as if no operand fitted), [tiles per batch entry, K splits, blocks of that grid,
   // stream-K blocks of the wgmma kernel (0: it runs the grid too), blocks of the wgmma kernel with TMA stages
   // when it takes the batch entries in one round (0: the grid)]: the benchmarks record it.
-  m.def("_corrected_matmul_grid(int m, int n, int k, int batch, int sm_count) -> int[]",
-        [](std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count) {
-          const GemmGrid grid = plan_gemm_grid(m, n, k, batch, sm_count);
+  m.def("_corrected_matmul_grid(int m, int n, int k, int batch, int sm_count, int l2_bytes=0) -> int[]",
+        [](std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count,
+           std::int64_t l2_bytes) {
+          const GemmGrid grid = plan_gemm_grid(m, n, k, batch, sm_count, l2_bytes);
           return std::vector<std::int64_t>{grid.tiles, grid.k_splits, grid.blocks(), grid.stream_k_blocks,
                                            grid.tiles * grid.persistent_batch_slots};
         });

@@ -1417,6 +1417,90 @@ def test_launch_grid_rule(monkeypatch):
         grid(128, 128, 4096, 1, 0)
 
 
+def _k_per_split(k, splits):
+    return (-(-k // splits) + 31) // 32 * 32
+
+
+def test_long_k_split_rule(monkeypatch):
+    """From 4 waves of tiles on, K is split from K = 6144 on: in 2, or into the fewest splits (at most 8) whose
+    piece keeps 8 tile rows of A (8 x K x 128 floats) within 2/3 of L2 (_tile_group_rows), so that the blocks
+    that run at once share one piece of K. Never in deterministic mode, and never for fewer tiles, where the
+    wave rule decides."""
+    monkeypatch.delenv("TORCH_WMMAE_K_SPLITS", raising=False)
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+    grid, rows = torch.ops.wmmae._corrected_matmul_grid, torch.ops.wmmae._tile_group_rows
+    h200, h100 = 60 * 2**20, 50 * 2**20  # the L2 sizes that they report
+    assert grid(16384, 16384, 16384, 1, 132, h200) == [16384, 2, 32768, 0, 0]
+    assert grid(4096, 4096, 4096, 1, 132, h200) == [1024, 1, 1024, 0, 0]      # K = 4096: unsplit
+    assert grid(4096, 4096, 6112, 1, 132, h200)[1] == 1 and grid(4096, 4096, 6144, 1, 132, h200)[1] == 2
+    assert grid(8192, 8192, 8192, 1, 132, h200)[1] == 2
+    assert grid(8192, 8192, 20480, 1, 132, h200)[1] == 2 and grid(8192, 8192, 20512, 1, 132, h200)[1] == 3
+    assert grid(8192, 8192, 32768, 1, 132, h200)[1] == 4                   # 3 splits: 10944 > 10240
+    assert grid(8192, 8192, 17408, 1, 132, h100)[1] == 3                   # 8533 k fit the H100's 2/3
+    assert grid(4096, 4096, 81920, 1, 132, h200)[1] == 8
+    assert grid(4096, 4096, 2**20, 1, 132, h200)[1] == 2                   # 8 splits are not enough: 2
+    assert grid(4096, 4096, 16384, 1, 132)[1] == 2                         # no L2 known: 2
+    assert grid(2048, 2048, 16384, 3, 132, h200)[1] == 2                   # 768 tiles of 3 batch entries
+    with deterministic():
+        assert grid(16384, 16384, 16384, 1, 132, h200)[1] == 1
+    # Fewer than 4 waves of tiles: the wave rule, whatever the L2 (2048^2: 256 tiles).
+    assert grid(2048, 2048, 16384, 1, 132, h200) == grid(2048, 2048, 16384, 1, 132)
+    for k in range(0, 100_000, 1000):
+        for l2 in (h100, h200):
+            splits = grid(4096, 4096, k, 1, 132, l2)[1]
+            fits = [s for s in range(2, 9) if rows(k, l2, s) == 8]
+            assert splits == (1 if k < 6144 else min(fits) if fits else 2), (k, l2)
+            assert (splits - 1) * _k_per_split(k, splits) < k or splits == 1, (k, l2)
+    with pytest.raises(RuntimeError, match="'l2_bytes' must be non-negative"):
+        grid(128, 128, 128, 1, 132, -1)
+
+
+def test_no_split_of_k_is_empty(monkeypatch):
+    """Splits of whole 32-k stages can cover K before the last one (K = 2048 in 9: pieces of 256): the grid never
+    launches such a split, whose blocks would add nothing (every split count it chooses, and every count that
+    TORCH_WMMAE_K_SPLITS asks for, which it lowers to the largest that leaves none empty)."""
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+    grid = torch.ops.wmmae._corrected_matmul_grid
+    monkeypatch.delenv("TORCH_WMMAE_K_SPLITS", raising=False)
+    for k in range(32, 20000, 96):
+        for tiles_n in (1, 3, 7, 40, 131):
+            splits = grid(128, 128 * tiles_n, k, 1, 132, 60 * 2**20)[1]
+            assert (splits - 1) * _k_per_split(k, splits) < k, (k, tiles_n, splits)
+    for forced in (1, 2, 3, 9, 32, 1000):
+        monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", str(forced))
+        for k in (1, 31, 100, 2048, 4096, 5000):
+            splits = grid(128, 128, k, 1, 132)[1]
+            per = _k_per_split(k, splits)
+            assert 1 <= splits <= forced and (splits - 1) * per < k <= splits * per, (forced, k, splits)
+            # the largest such count: one more (up to the one asked for) would leave a split empty
+            assert splits == forced or (splits * _k_per_split(k, splits + 1) >= k), (forced, k, splits)
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "9")
+    assert grid(128, 128, 2048, 1, 132)[1] == 8
+
+
+def test_k_splits_switch(monkeypatch):
+    """TORCH_WMMAE_K_SPLITS=n sets the split count (fewer where a split would be empty) for every shape, and
+    stream-K then runs only where TORCH_WMMAE_STREAM_K=1 asks for it; deterministic mode still splits nothing;
+    anything but a positive integer is an error that names the variable."""
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+    grid = torch.ops.wmmae._corrected_matmul_grid
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "3")
+    assert grid(4096, 4096, 4096, 1, 132) == [1024, 3, 3072, 0, 0]
+    assert grid(128, 11520, 4096, 1, 132)[1:4] == [3, 270, 0]          # (stream-K when unset)
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
+    assert grid(128, 11520, 4096, 1, 132)[3] == 132
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K")
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "1")
+    assert grid(128, 128, 4096, 1, 132)[1] == 1 and grid(16384, 16384, 16384, 1, 132, 60 * 2**20)[1] == 1
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "4")
+    with deterministic():
+        assert grid(4096, 4096, 4096, 1, 132)[1] == 1
+    for value in ("0", "-2", "four", "3.5", "70000"):
+        monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", value)
+        with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_K_SPLITS must be a positive integer.*'{value}'"):
+            grid(128, 128, 4096, 1, 132)
+
+
 # What a stream-K block costs beyond its k-stages for each tile boundary its share crosses (one more piece: line
 # scales, pipeline fill, a flush of atomics), in k-stages; matmul_plan.hpp's kStreamKCrossingStages.
 CROSSING_STAGES = 4

@@ -24,7 +24,8 @@ import torch
 
 import torch_wmmae
 from conftest import (DEVICES, deterministic, launched_kernels, outputs_at_risk, persistent_slots_batch,
-                      profiler_records_kernels, random_tensor, random_tensor_in_layout, requires_cuda, runs_sm90_gemm)
+                      profiler_records_kernels, random_tensor, random_tensor_in_layout, rel_err, requires_cuda,
+                      runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -123,6 +124,28 @@ def test_tile_order_keeps_the_float32_fallbacks_bits(gemm_device, gen, monkeypat
         monkeypatch.setenv("TORCH_WMMAE_TILE_GROUP_ROWS", rows)
         out = torch_wmmae.corrected_matmul(a.to(gemm_device), b.to(gemm_device), method=method)
         assert torch.equal(out.cpu(), want), f"groups of {rows} tile rows"
+
+
+@pytest.mark.parametrize("gemm_device", CUDA_GEMM_TARGETS, indirect=True)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("splits", ["2", "5"])
+def test_forced_k_splits(gemm_device, gen, monkeypatch, method, splits):
+    """TORCH_WMMAE_K_SPLITS sets the split count where the grid has many tiles (as the long-K rule does at K
+    beyond L2: 16384^3 in 2 on an H200), a case the shapes of the other tests never split: 8 x 6 tiles, K = 2100
+    in 2 (two accumulation chunks and part of one per split) or 5 (a short last split), with the exponent
+    pre-pass zeroing the output that the splits add into (under TORCH_WMMAE_STREAM_K=1, stream-K's schedule
+    instead). float32's accuracy, and about that of the unsplit call (relative Frobenius errors against float64,
+    over 700,000 outputs)."""
+    a = random_tensor(gen, (1000, 2100), "normal", gemm_device)
+    b = random_tensor(gen, (2100, 700), "normal", gemm_device)
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "1")
+    whole = torch_wmmae.corrected_matmul(a, b, method=method)
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", splits)
+    assert torch.ops.wmmae._corrected_matmul_grid(1000, 700, 2100, 1, 132)[1] == int(splits)
+    out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert_matmul_within_dot_product_bound(out, a, b, f"{method}, K in {splits}")
+    ref = a.double() @ b.double()
+    assert rel_err(out, ref) <= 1.25 * rel_err(whole, ref) + 1e-9, (rel_err(out, ref), rel_err(whole, ref))
 
 
 @requires_cuda

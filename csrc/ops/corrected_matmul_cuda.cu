@@ -810,7 +810,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int sm_count = props.multiProcessorCount;
-  const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count);
+  const GemmGrid grid = plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count, props.l2CacheSize);
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
   const KernelChoice kernels = choose_kernels(props);

@@ -115,6 +115,24 @@ namespace {
 // K elements per split when K is cut into `splits` parts: whole 32-wide k-stages.
 std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) / splits + 31) / 32 * 32; }
 
+// At most `splits` splits, none of them empty: pieces of whole k-stages can cover K before the last one
+// (K = 2048 in 9: pieces of 256, and 8 of them cover K), whose blocks would only flush zeros.
+int nonempty_splits(std::int64_t k, int splits) {
+  while (splits > 1 && (splits - 1) * k_per_split(k, splits) >= k) --splits;
+  return splits;
+}
+
+// A positive integer from the environment variable `name` (at most `max`), 0 where it is unset or empty.
+int positive_env_int(const char* name, const char* what, long max) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long value = std::strtol(env, &end, 10);
+  TORCH_CHECK(*end == '\0' && value >= 1 && value <= max, "corrected_matmul: the environment variable ", name,
+              " must be a positive integer (", what, ") of at most ", max, ", got '", env, "'");
+  return static_cast<int>(value);
+}
+
 // The number of splits that minimizes waves x (k per split + kBlockOverheadK): the busy fraction of the
 // last wave of `blocks` blocks, discounted by what a block costs besides its k-stages. That cost is fitted to
 // measurements (H200, M = 128, K = 4096, 17 values of N from 1024 to 45120, every split count from 1 to 16;
@@ -122,15 +140,17 @@ std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) 
 // short block does not amortize. With the 96 k assumed before, a shape whose tiles nearly fill one wave was
 // split into several short waves: N = 14400 took 405 us split 7 ways against 301 us unsplit, N = 45120 981
 // against 691 us. With 1024, every measured shape runs within 9% of its best split count (mean 1.5%).
-// Off in deterministic mode: the fp32 atomics that combine the splits make the last bits depend on their order.
+// From 4 waves of tiles on, only long K splits (long_k_splits). (plan_gemm_grid turns split-K off in
+// deterministic mode: the fp32 atomics that combine the splits make the last bits depend on their order.)
 constexpr std::int64_t kBlockOverheadK = 1024;
-int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
-  if (at::globalContext().deterministicAlgorithms() || blocks >= 4 * static_cast<std::int64_t>(sms)) return 1;
+int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms, std::int64_t l2_bytes) {
+  if (blocks >= 4 * static_cast<std::int64_t>(sms)) return long_k_splits(k, l2_bytes);
   int best = 1;
   double best_score = 0.0;
   for (int s = 1; s <= 32; ++s) {
     const std::int64_t k_per = k_per_split(k, s);
     if (s > 1 && k_per < 256) break;
+    if (nonempty_splits(k, s) < s) continue;  // the same pieces as fewer splits, and blocks that do nothing
     const std::int64_t total = blocks * s;
     const std::int64_t waves = (total + sms - 1) / sms;
     const double score = static_cast<double>(total) / static_cast<double>(waves * sms) *
@@ -143,11 +163,13 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms) {
   return best;
 }
 
-// TORCH_WMMAE_STREAM_K (see plan_gemm_grid): kChoose when unset.
+// TORCH_WMMAE_STREAM_K (see plan_gemm_grid): kChoose when unset, but kNever where TORCH_WMMAE_K_SPLITS has
+// set the split count (`splits_forced`), which stream-K would replace.
 enum class StreamK { kChoose, kNever, kAlways };
-StreamK stream_k_policy() {
+StreamK stream_k_policy(bool splits_forced) {
   return env_is("TORCH_WMMAE_STREAM_K", "0")   ? StreamK::kNever
          : env_is("TORCH_WMMAE_STREAM_K", "1") ? StreamK::kAlways
+         : splits_forced                       ? StreamK::kNever
                                                : StreamK::kChoose;
 }
 
@@ -247,18 +269,24 @@ std::int64_t persistent_batch_slots(const GemmGrid& grid, std::int64_t batch, st
 
 }  // namespace
 
-GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count) {
+GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count,
+                        std::int64_t l2_bytes) {
   TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "plan_gemm_grid: sizes must be non-negative");
   TORCH_CHECK(sm_count > 0 && sm_count < (1 << 20), "plan_gemm_grid: argument 'sm_count' must be a positive SM "
               "count, got ", sm_count);
+  TORCH_CHECK(l2_bytes >= 0, "plan_gemm_grid: argument 'l2_bytes' must be non-negative, got ", l2_bytes);
+  const int forced_splits = positive_env_int("TORCH_WMMAE_K_SPLITS", "splits of K", kMaxGridYZ);
   GemmGrid grid{};
   grid.tiles = gemm_tiles(m, n);
   grid.batch_slots = std::min(batch, kMaxGridYZ);
-  grid.k_splits = choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count));
+  grid.k_splits = at::globalContext().deterministicAlgorithms() ? 1  // (see choose_k_splits)
+                  : forced_splits > 0 ? nonempty_splits(k, forced_splits)
+                                      : choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count),
+                                                        l2_bytes);
   grid.k_per_split = k_per_split(k, grid.k_splits);
   grid.persistent_batch_slots = persistent_batch_slots(grid, batch, k, sm_count);
-  grid.stream_k_blocks =
-      stream_k_blocks(grid.tiles * batch, m, n, k, grid.k_splits, static_cast<int>(sm_count), stream_k_policy());
+  grid.stream_k_blocks = stream_k_blocks(grid.tiles * batch, m, n, k, grid.k_splits, static_cast<int>(sm_count),
+                                         stream_k_policy(forced_splits > 0));
   grid.stream_k_gap =
       grid.stream_k_blocks > 0 ? stream_k_gap(grid.tiles * batch, gemm_k_stages(k), grid.stream_k_blocks) : 0;
   return grid;
@@ -276,13 +304,16 @@ int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_s
 }
 
 int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits) {
-  const char* env = std::getenv("TORCH_WMMAE_TILE_GROUP_ROWS");
-  if (env == nullptr || *env == '\0') return gemm_tile_group_rows(k, l2_bytes, k_splits);
-  char* end = nullptr;
-  const long rows = std::strtol(env, &end, 10);
-  TORCH_CHECK(*end == '\0' && rows >= 1 && rows <= (1 << 20), "corrected_matmul: the environment variable "
-              "TORCH_WMMAE_TILE_GROUP_ROWS must be a positive integer (tile rows per group), got '", env, "'");
-  return static_cast<int>(rows);
+  const int rows = positive_env_int("TORCH_WMMAE_TILE_GROUP_ROWS", "tile rows per group", 1 << 20);
+  return rows > 0 ? rows : gemm_tile_group_rows(k, l2_bytes, k_splits);
+}
+
+int long_k_splits(std::int64_t k, std::int64_t l2_bytes) {
+  if (k < kLongKSplitFromK) return 1;
+  for (int s = 2; s <= kMaxLongKSplits; ++s) {
+    if (gemm_tile_group_rows(k, l2_bytes, s) == kMaxTileGroupRows) return nonempty_splits(k, s);
+  }
+  return 2;
 }
 
 std::vector<std::int64_t> stream_k_shares(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks) {

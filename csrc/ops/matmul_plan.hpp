@@ -82,11 +82,15 @@ struct GemmGrid {
   std::int64_t blocks() const { return tiles * k_splits * batch_slots; }
 };
 
-// Split-K when the output has too few tiles to fill `sm_count` SMs (one block per SM); stream-K where it
-// promises to be faster than that, or as TORCH_WMMAE_STREAM_K says: 0 never, 1 wherever it can run (read on
-// every call: tests and benchmarks compare them); both off in deterministic mode (fp32 atomics combine the
+// Split-K when the output has too few tiles to fill `sm_count` SMs (one block per SM), or, from 4 waves of
+// tiles on, where K is long (long_k_splits, from K and the GPU's `l2_bytes` of L2); stream-K where it
+// promises to be faster than that, or as TORCH_WMMAE_STREAM_K says: 0 never, 1 wherever it can run; the
+// split count as TORCH_WMMAE_K_SPLITS says (a positive integer: that many splits, fewer where one would be
+// empty; stream-K is then chosen only by TORCH_WMMAE_STREAM_K=1). Both switches are read on every call: tests
+// and benchmarks compare them. Split-K and stream-K are off in deterministic mode (fp32 atomics combine the
 // parts). Host code: the CUDA op launches with it, and the benchmarks record it (op _corrected_matmul_grid).
-GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count);
+GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count,
+                        std::int64_t l2_bytes);
 
 // How many tile rows the GEMM's consecutive tiles walk down before the next column (tile_origin). The
 // blocks that run at once are at k positions spread over their tiles' K (a block starts when another ends),
@@ -100,6 +104,20 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
 constexpr int kMaxTileGroupRows = 8;
 constexpr int kMinTileGroupRows = 4;
 int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits);
+
+// Splits of a long K for a grid of many tiles (at least 4 waves, where split-K is otherwise never chosen): 2
+// from K = kLongKSplitFromK on, and more, up to kMaxLongKSplits, where a piece must be shorter still to keep
+// kMaxTileGroupRows (gemm_tile_group_rows); 1 below. The grid runs split 0 of every tile before split 1
+// (blockIdx.y), so the blocks that run at once share one piece of K, L2 holds more of what they read, and the
+// GEMM reads less from DRAM, which under held load is SM clock (the 700 W limit); the price is the output's
+// zeroing, its atomics and a block's fixed cost per piece. H200, auto, one process, held 2 s / burst TFLOP/s,
+// unsplit -> 2 splits (benchmarks/NOTES.md, session 64): 4096^3 126.2-127.0 -> 120.0-120.1 (slower), 6144^3
+// 119.2-119.4 -> 127.6-127.8, 8192^3 123.0-123.5 -> 129.1-130.4 (4 splits 125.8-125.9), 12288^3 122.8-123.8
+// -> 128.9-129.8, 16384^3 118.6-119.8 -> 127.5-128.2 (DRAM reads 77 -> 66 GB), 8192^2 x 32768 119.4-120.0 ->
+// 128.3-128.6 (4 splits 127.9-128.2).
+constexpr std::int64_t kLongKSplitFromK = 6144;
+constexpr int kMaxLongKSplits = 8;
+int long_k_splits(std::int64_t k, std::int64_t l2_bytes);
 // The group height that the CUDA op launches with: TORCH_WMMAE_TILE_GROUP_ROWS (a positive integer, read on
 // every call: tests check that the tile order leaves every output bit as it is, benchmarks compare orders) or
 // else gemm_tile_group_rows.
