@@ -1328,6 +1328,11 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
     assert rel_err(out[:1, :64], ref) < 1e-6
 
 
+def _k_per_split(k, splits):
+    """K elements per split (matmul_plan.cpp's k_per_split): whole 32-k stages."""
+    return (-(-k // splits) + 31) // 32 * 32
+
+
 def test_tile_group_rule():
     """torch.ops.wmmae._tile_group_rows (what the CUDA op launches with unless TORCH_WMMAE_TILE_GROUP_ROWS says
     otherwise): 8 tile rows, or 4 where 8 x K x 128 floats of A (what L2 holds between the tiles that share a
@@ -1342,8 +1347,7 @@ def test_tile_group_rule():
         assert rows(k, l2) == (8 if 3 * 8 * k * 128 * 4 <= 2 * l2 else 4), k
     # K cut into splits: the K of one split (whole 32-k stages) decides.
     assert rows(16384, l2, 2) == 8 and rows(17100, l2, 2) == 4 and rows(65536, l2, 8) == 8
-    assert all(rows(k, l2, s) == rows((-(-k // s) + 31) // 32 * 32, l2) for k in (100, 8193, 20000, 70000)
-               for s in (1, 2, 3, 7))
+    assert all(rows(k, l2, s) == rows(_k_per_split(k, s), l2) for k in (100, 8193, 20000, 70000) for s in (1, 2, 3, 7))
     with pytest.raises(RuntimeError, match="'k' and 'l2_bytes' must be non-negative"):
         rows(-1, l2)
     with pytest.raises(RuntimeError, match="'k_splits' a positive split count"):
@@ -1415,10 +1419,6 @@ def test_launch_grid_rule(monkeypatch):
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K")
     with pytest.raises(RuntimeError, match="sm_count"):
         grid(128, 128, 4096, 1, 0)
-
-
-def _k_per_split(k, splits):
-    return (-(-k // splits) + 31) // 32 * 32
 
 
 def test_long_k_split_rule(monkeypatch):

@@ -116,8 +116,10 @@ namespace {
 std::int64_t k_per_split(std::int64_t k, int splits) { return ((k + splits - 1) / splits + 31) / 32 * 32; }
 
 // At most `splits` splits, none of them empty: pieces of whole k-stages can cover K before the last one
-// (K = 2048 in 9: pieces of 256, and 8 of them cover K), whose blocks would only flush zeros.
+// (K = 2048 in 9: pieces of 256, and 8 of them cover K), whose blocks would only flush zeros. No more splits
+// than k-stages to start from, as each non-empty one takes at least one.
 int nonempty_splits(std::int64_t k, int splits) {
+  splits = static_cast<int>(std::min<std::int64_t>(splits, std::max<std::int64_t>(1, gemm_k_stages(k))));
   while (splits > 1 && (splits - 1) * k_per_split(k, splits) >= k) --splits;
   return splits;
 }

@@ -98,12 +98,17 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
 // next tile of its row `rows` launches later: for that read to hit L2, L2 has to hold about
 // rows x K x kGemmTile floats of A. Taller groups read B from DRAM fewer times (once per group). So:
 // kMaxTileGroupRows where that share of A fits 2/3 of `l2_bytes`, else kMinTileGroupRows. K: that of one
-// tile's piece, K `k` cut into `k_splits` (GemmGrid::k_per_split). H200 (60 MiB of L2), auto held for 2 s, TFLOP/s (NOTES.md, session 63):
-// 16384^3 8 rows 116-117, 4 rows 119-120 (DRAM reads per GEMM 123-126 GB against 90); 8192^2 x 32768
-// 2 rows 116.5-117, 4 rows 118, 8 rows 117-117.6; 8192^3 8 rows 123, 4 rows 121-122.
+// tile's piece, K `k` cut into `k_splits` (GemmGrid::k_per_split). H200 (60 MiB of L2), auto held for 2 s,
+// TFLOP/s (NOTES.md, session 63): 16384^3 8 rows 116-117, 4 rows 119-120 (DRAM reads per GEMM 123-126 GB
+// against 90); 8192^2 x 32768 2 rows 116.5-117, 4 rows 118, 8 rows 117-117.6; 8192^3 8 rows 123, 4 rows 121-122.
 constexpr int kMaxTileGroupRows = 8;
 constexpr int kMinTileGroupRows = 4;
 int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits);
+
+// The group height that the CUDA op launches with: TORCH_WMMAE_TILE_GROUP_ROWS (a positive integer, read on
+// every call: tests check that the tile order leaves every output bit as it is, benchmarks compare orders) or
+// else gemm_tile_group_rows.
+int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits);
 
 // Splits of a long K for a grid of many tiles (at least 4 waves, where split-K is otherwise never chosen): 2
 // from K = kLongKSplitFromK on, and more, up to kMaxLongKSplits, where a piece must be shorter still to keep
@@ -118,10 +123,6 @@ int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_s
 constexpr std::int64_t kLongKSplitFromK = 6144;
 constexpr int kMaxLongKSplits = 8;
 int long_k_splits(std::int64_t k, std::int64_t l2_bytes);
-// The group height that the CUDA op launches with: TORCH_WMMAE_TILE_GROUP_ROWS (a positive integer, read on
-// every call: tests check that the tile order leaves every output bit as it is, benchmarks compare orders) or
-// else gemm_tile_group_rows.
-int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits);
 
 // Stream-K's shares as plan_gemm_grid chooses them for `tiles` tiles (batch entries included) of `k_stages`
 // stages over `blocks` blocks: where each block's share starts, blocks + 1 units (the last: the end).
