@@ -1422,17 +1422,18 @@ def test_launch_grid_rule(monkeypatch):
 
 
 def test_long_k_split_rule(monkeypatch):
-    """From 4 waves of tiles on, K is split from K = 6144 on: in 2, or into the fewest splits (at most 8) whose
-    piece keeps 8 tile rows of A (8 x K x 128 floats) within 2/3 of L2 (_tile_group_rows), so that the blocks
-    that run at once share one piece of K. Never in deterministic mode, and never for fewer tiles, where the
-    wave rule decides."""
+    """From 4 waves of tiles on, K is split where it is longer than 4096 (the large outputs' accumulation chunk,
+    which an unsplit tile would read back): in 2, or into the fewest splits (at most 8) whose piece keeps 8 tile
+    rows of A (8 x K x 128 floats) within 2/3 of L2 (_tile_group_rows), so that the blocks that run at once
+    share one piece of K. Never in deterministic mode, and never for fewer tiles, where the wave rule decides."""
     monkeypatch.delenv("TORCH_WMMAE_K_SPLITS", raising=False)
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     grid, rows = torch.ops.wmmae._corrected_matmul_grid, torch.ops.wmmae._tile_group_rows
     h200, h100 = 60 * 2**20, 50 * 2**20  # the L2 sizes that they report
     assert grid(16384, 16384, 16384, 1, 132, h200) == [16384, 2, 32768, 0, 0]
     assert grid(4096, 4096, 4096, 1, 132, h200) == [1024, 1, 1024, 0, 0]      # K = 4096: unsplit
-    assert grid(4096, 4096, 6112, 1, 132, h200)[1] == 1 and grid(4096, 4096, 6144, 1, 132, h200)[1] == 2
+    assert grid(4096, 4096, 4097, 1, 132, h200)[1] == 2 and grid(4096, 4096, 4128, 1, 132, h200)[1] == 2
+    assert grid(4096, 4096, 4095, 1, 132, h200)[1] == 1
     assert grid(8192, 8192, 8192, 1, 132, h200)[1] == 2
     assert grid(8192, 8192, 20480, 1, 132, h200)[1] == 2 and grid(8192, 8192, 20512, 1, 132, h200)[1] == 3
     assert grid(8192, 8192, 32768, 1, 132, h200)[1] == 4                   # 3 splits: 10944 > 10240
@@ -1449,7 +1450,7 @@ def test_long_k_split_rule(monkeypatch):
         for l2 in (h100, h200):
             splits = grid(4096, 4096, k, 1, 132, l2)[1]
             fits = [s for s in range(2, 9) if rows(k, l2, s) == 8]
-            assert splits == (1 if k < 6144 else min(fits) if fits else 2), (k, l2)
+            assert splits == (1 if k <= 4096 else min(fits) if fits else 2), (k, l2)
             assert (splits - 1) * _k_per_split(k, splits) < k or splits == 1, (k, l2)
     with pytest.raises(RuntimeError, match="'l2_bytes' must be non-negative"):
         grid(128, 128, 128, 1, 132, -1)

@@ -130,8 +130,8 @@ def test_tile_order_keeps_the_float32_fallbacks_bits(gemm_device, gen, monkeypat
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("splits", ["2", "5"])
 def test_forced_k_splits(gemm_device, gen, monkeypatch, method, splits):
-    """TORCH_WMMAE_K_SPLITS sets the split count where the grid has many tiles (as the long-K rule does from
-    K = 6144 on at 4 waves of tiles), a case the shapes of the other tests never split: 8 x 6 tiles, K = 2100
+    """TORCH_WMMAE_K_SPLITS sets the split count where the grid has many tiles (as the long-K rule does for K
+    above 4096 at 4 waves of tiles), a case the shapes of the other tests never split: 8 x 6 tiles, K = 2100
     in 2 (two accumulation chunks and part of one per split) or 5 (a short last split), with the exponent
     pre-pass zeroing the output that the splits add into (under TORCH_WMMAE_STREAM_K=1, stream-K's schedule
     instead). float32's accuracy, and about that of the unsplit call (relative Frobenius errors against float64,

@@ -71,7 +71,7 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     mode (``torch.autograd.forward_ad``), also under ``torch.func`` (``grad``, ``vjp``, ``jacrev``, ``jvp``,
     ``jacfwd``, ``hessian``); every derivative is a ``corrected_matmul`` with the same method. ``torch.vmap``
     runs one batched call. On CUDA, where the op splits K across blocks (too few output tiles to fill the GPU,
-    or many tiles and K >= 6144), float32 atomics add the splits, so the last bits may differ from run to run;
+    or many tiles and K > 4096), float32 atomics add the splits, so the last bits may differ from run to run;
     ``torch.use_deterministic_algorithms(True)`` turns the split off.
 
     Args:

@@ -311,7 +311,7 @@ int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k
 }
 
 int long_k_splits(std::int64_t k, std::int64_t l2_bytes) {
-  if (k < kLongKSplitFromK) return 1;
+  if (k <= kLongKSplitAboveK) return 1;
   for (int s = 2; s <= kMaxLongKSplits; ++s) {
     if (gemm_tile_group_rows(k, l2_bytes, s) == kMaxTileGroupRows) return nonempty_splits(k, s);
   }
