@@ -691,6 +691,34 @@ def test_corrected_matmul_chunk_read_back(gen, monkeypatch, k, b_col, kernel):
         assert any(READ_BACK_KERNEL.search(name) for name in kernels) == (k > 1024), kernels
 
 
+@pytest.mark.parametrize("gemm_device", CUDA_GEMM_TARGETS, indirect=True)
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("shape", [(2048, 4160, 2048), (300, 2100, 260)], ids=["chunks_of_4096", "chunks_of_1024"])
+def test_chunk_read_back_keeps_every_bit(gemm_device, gen, monkeypatch, method, shape):
+    """An unsplit block that sums several chunks of K reads its partial sums back between them: the wgmma
+    kernel in one batch (its kReadBack instantiation, the default) or, with TORCH_WMMAE_READ_BACK=0, element by
+    element (as the WMMA kernel does), with the same arithmetic, so the same bits. A large output (2048^2:
+    chunks of 4096, K = 4160 in two, the second of 64) and a small one (chunks of 1024, K = 2100 in three, a
+    partial tile at the edge), in deterministic mode (no split of K)."""
+    m, k, n = shape
+    a = random_tensor(gen, (m, k), "normal", gemm_device)
+    b = random_tensor(gen, (k, n), "normal", gemm_device)
+    outs, kernels = {}, {}
+    with deterministic():
+        for read_back in ("default", "0"):
+            if read_back == "default":
+                monkeypatch.delenv("TORCH_WMMAE_READ_BACK", raising=False)
+            else:
+                monkeypatch.setenv("TORCH_WMMAE_READ_BACK", read_back)
+            kernels[read_back] = _launched_kernels(
+                lambda key=read_back: outs.setdefault(key, torch_wmmae.corrected_matmul(a, b, method=method)))
+    assert torch.equal(outs["default"], outs["0"])
+    assert_matmul_within_dot_product_bound(outs["default"], a, b, f"{method} {shape}")
+    if os.environ["TORCH_WMMAE_PORTABLE_GEMM"] == "0" and _sees_sm90_kernels():
+        assert any(READ_BACK_KERNEL.search(name) for name in kernels["default"]), kernels["default"]
+        assert not any(READ_BACK_KERNEL.search(name) for name in kernels["0"]), kernels["0"]
+
+
 # Stream-K (TORCH_WMMAE_STREAM_K=1): (a shape, b shape, a column-major, b column-major). Every block's share
 # of the (tile, k-stage) units is cut where it crosses into the next tile; the cases make shares that start
 # and end inside tiles (pieces shorter than the TMA ring too, which issue their own first stages), run across

@@ -597,15 +597,20 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
 }
 
 #ifdef WMMAE_HAS_SM90A
-// Whether the wgmma kernel reads the partial sums back in one batch (its kReadBack instantiation): where a
-// block sums several short chunks of K into the output itself (no split-K, small output: chunks of 1024,
-// a read-back every 32 stages). H200, same run: 128 x 14912 x 4096 (four chunks per block) GEMM 216.0 ->
-// 192.0 us. Not elsewhere: the batched loads change the main loop's code, which made shapes with one chunk
-// (nothing to read back) 4-8% slower (4096^3, 2048^3, 64 x 512^3) and 8192^3 (chunks of 4096) 0.5% slower
-// when one kernel did both.
+// Whether the wgmma fp16 kernel reads the partial sums back in one batch (its kReadBack instantiation): wherever
+// a block sums more than one chunk of K into the output itself (no split-K): small outputs' chunks of 1024 (a
+// read-back every 32 stages) and large outputs' of 4096 (every 128). Element by element instead, each load
+// waits for the previous element's store (see the flush in corrected_gemm_sm90.cuh). H200, same run: 128 x
+// 14912 x 4096 (four chunks of 1024 per block) GEMM 216.0 -> 192.0 us; chunks of 4096, auto, TFLOP/s held 2 s,
+// element by element -> one batch (session 66): 2048^2 x 4608 107.8 -> 114.0, 2048^2 x 8192 115.2 -> 118.9,
+// 1024 x 4096 x 8192 114.3 -> 117.6, 2048 x 4096 x 6144 115.8 -> 119.6 (grids of fewer than 4 waves, which
+// the long-K rule leaves unsplit), and unsplit as in deterministic mode 4096^2 x 8192 121.2 -> 124.1, 8192^3
+// 123.1 -> 126.9, 16384^3 117.2 -> 122.5. Not where a block has one chunk: the batched loads change the main
+// loop's code, which made such shapes 4-8% slower (4096^3, 2048^3, 64 x 512^3) when one kernel did both.
+// TORCH_WMMAE_READ_BACK=0 reads back element by element (the same arithmetic: the same bits).
 bool sm90_read_back(const GemmArgs& args) {
-  return !args.adds_into_output() && accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall &&
-         args.k > kAccumulationChunkSmall;
+  return !args.adds_into_output() && args.k > accumulation_chunk(args.m, args.n) &&
+         !env_is("TORCH_WMMAE_READ_BACK", "0");
 }
 
 // Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): the fp16 GEMM's batched calls where TMA
