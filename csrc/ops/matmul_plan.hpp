@@ -110,24 +110,23 @@ int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_s
 // else gemm_tile_group_rows.
 int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits);
 
-// Splits of a long K for a grid of many tiles (at least 4 waves, where split-K is otherwise never chosen): 2
-// where K is longer than kLongKSplitAboveK, and more, up to kMaxLongKSplits, where a piece must be shorter still
-// to keep kMaxTileGroupRows (gemm_tile_group_rows); 1 up to it. The threshold is the large outputs' accumulation
-// chunk: an unsplit tile with a longer K flushes a chunk's partial sums into the output and reads them back
-// before it adds the next chunk, while the splits' pieces add every chunk with float32 atomics, which do not
-// wait. (Small outputs' chunks are 1024 long: batched grids of such outputs keep the same threshold, not
-// measured for them.) The grid also runs
-// split 0 of every tile before split 1 (blockIdx.y), so the blocks that run at once share one piece of K, L2
-// holds more of what they read, and the GEMM reads less from DRAM, which under held load is SM clock (the 700 W
-// limit). The price is the output's zeroing, its atomics and a block's fixed cost per piece. H200, auto, one
-// process, held 2 s / burst TFLOP/s, unsplit -> 2 splits (benchmarks/NOTES.md, sessions 64 and 65): 4096^3
-// 126.2-127.0 -> 120.0-120.1 (one chunk: slower), 4352^3 115.3-115.4 -> 120.1-120.9, 4608^3 118.7 ->
+// Splits of a long K for a grid of many tiles (at least 4 waves, where split-K is otherwise never chosen): 2 where
+// K is longer than kLongKSplitAboveK, and more, up to kMaxLongKSplits, where a piece must be shorter still to keep
+// kMaxTileGroupRows (gemm_tile_group_rows); 1 up to it. The threshold is the large outputs' accumulation chunk: an
+// unsplit tile with a longer K flushes a chunk's partial sums into the output and reads them back before it adds
+// the next chunk, while the splits' pieces add every chunk with float32 atomics, which do not wait. (Small
+// outputs' chunks are 1024 long: batched grids of such outputs keep the same threshold, not measured for them.)
+// The grid also runs split 0 of every tile before split 1 (blockIdx.y), so the blocks that run at once share one
+// piece of K, L2 holds more of what they read, and the GEMM reads less from DRAM, which under held load is SM
+// clock (the 700 W limit). The price is the output's zeroing, its atomics and a block's fixed cost per piece.
+// H200, auto, one process, held 2 s / burst TFLOP/s, unsplit -> 2 splits (benchmarks/NOTES.md, sessions 64 and
+// 65): 4096^3 126.2-127.0 -> 120.0-120.1 (one chunk: slower), 4352^3 115.3-115.4 -> 120.1-120.9, 4608^3 118.7 ->
 // 123.7-123.8, 5120^3 115.0-117.1 -> 122.6-124.8, 6144^3 119.2-120.9 -> 127.4-127.8, 8192^3 122.8-123.5 ->
 // 128.7-130.4 (4 splits 125.8-125.9), 8192^2 x 5120 118.8-121.5 -> 125.6-127.0, 12288^3 122.8-123.8 ->
 // 128.9-129.8, 16384^3 118.6-119.8 -> 127.5-128.2 (DRAM reads 77 -> 66 GB), 8192^2 x 32768 119.4-120.0 ->
-// 128.3-128.6 (4 splits 127.9-128.2). Those unsplit figures read the chunks back element by element; in one
-// batch (the kReadBack kernel, the default since session 66: sm90_read_back) they recover about half of the
-// split's gain: 4352^3 118.6-118.8, 5120^3 119.1-119.4, 8192^3 126.5-127.4.
+// 128.3-128.6 (4 splits 127.9-128.2). Those unsplit figures read the chunks back element by element; in one batch
+// (the kReadBack kernel, the default since session 66: sm90_read_back) they recover about half of the split's
+// gain: 4352^3 118.6-118.8, 5120^3 119.1-119.4, 8192^3 126.5-127.4.
 constexpr std::int64_t kLongKSplitAboveK = kAccumulationChunkLarge;
 constexpr int kMaxLongKSplits = 8;
 int long_k_splits(std::int64_t k, std::int64_t l2_bytes);
