@@ -1444,8 +1444,9 @@ def test_long_k_split_rule(monkeypatch):
     assert grid(2048, 2048, 16384, 3, 132, h200)[1] == 2                   # 768 tiles of 3 batch entries
     with deterministic():
         assert grid(16384, 16384, 16384, 1, 132, h200)[1] == 1
-    # Fewer than 4 waves of tiles: the wave rule, whatever the L2 (2048^2: 256 tiles).
-    assert grid(2048, 2048, 16384, 1, 132, h200) == grid(2048, 2048, 16384, 1, 132)
+    # Fewer than 4 waves of tiles of a small output: the wave rule, whatever the L2 (1024 x 2048: 128 tiles; large
+    # outputs: test_long_k_split_below_four_waves).
+    assert grid(1024, 2048, 16384, 1, 132, h200) == grid(1024, 2048, 16384, 1, 132)
     for k in range(0, 100_000, 1000):
         for l2 in (h100, h200):
             splits = grid(4096, 4096, k, 1, 132, l2)[1]
@@ -1454,6 +1455,49 @@ def test_long_k_split_rule(monkeypatch):
             assert (splits - 1) * _k_per_split(k, splits) < k or splits == 1, (k, l2)
     with pytest.raises(RuntimeError, match="'l2_bytes' must be non-negative"):
         grid(128, 128, 128, 1, 132, -1)
+
+
+def test_long_k_split_below_four_waves(monkeypatch):
+    """Large outputs (at least 2^22 elements: chunks of 4096) with K > 4096 on grids of fewer than 4 waves of
+    tiles take the long-K split too, and no stream-K, where the split's blocks fill their last wave to at least
+    90% (long_k_split_below_4_waves); elsewhere the wave rule and the stream-K rule decide. Never in deterministic
+    mode; TORCH_WMMAE_K_SPLITS and TORCH_WMMAE_STREAM_K=1 still force their choices."""
+    monkeypatch.delenv("TORCH_WMMAE_K_SPLITS", raising=False)
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+    grid = torch.ops.wmmae._corrected_matmul_grid  # [tiles, k_splits, blocks, stream-K blocks, batch slots]
+    h200, sms = 60 * 2**20, 132
+    assert grid(2048, 4096, 8192, 1, sms, h200) == [512, 2, 1024, 0, 0]    # 1024 blocks in 8 waves: 97% full
+    assert grid(2048, 2048, 16384, 1, sms, h200) == [256, 2, 512, 0, 0]
+    assert grid(2560, 3072, 8192, 1, sms, h200) == [480, 2, 960, 0, 0]     # 91%
+    assert grid(2048, 2048, 4097, 1, sms, h200) == [256, 2, 512, 0, 0]
+    assert grid(2048, 2048, 8192, 2, sms, h200)[1::2] == [2, 0]             # 2 batch entries: 1024 blocks
+    # Under 90%: the wave rule and stream-K, as before.
+    assert grid(1536, 3584, 8192, 1, sms, h200) == [336, 1, 336, 132, 0]   # 672 blocks in 6 waves: 85%
+    assert grid(1536, 3072, 8192, 1, sms, h200) == [288, 2, 576, 132, 0]   # 87%
+    # One chunk (K = 4096), and small outputs (chunks of 1024, whose read-back the stream-K rule counts): as before.
+    assert grid(2048, 2048, 4096, 1, sms, h200) == [256, 1, 256, 0, 0]
+    assert grid(2560, 3072, 4096, 1, sms, h200) == [480, 1, 480, 132, 0]
+    assert grid(1024, 2048, 8192, 1, sms, h200) == [128, 1, 128, 132, 0]
+    # The rule over a range of shapes: the long-K split and no stream-K exactly where its waves are 90% full.
+    for m in (1024, 1536, 2048, 2560, 3072, 4096):
+        for n in (2048, 2560, 3584, 4096, 6144):
+            tiles = -(-m // 128) * -(-n // 128)
+            if tiles >= 4 * sms or m * n < 2**22:  # (small outputs: chunks of 1024)
+                continue
+            for k in (4608, 6144, 8192, 12288):
+                g = grid(m, n, k, 1, sms, h200)
+                blocks = 2 * tiles
+                full = blocks >= 0.9 * -(-blocks // sms) * sms
+                assert (g[1] == 2 and g[3] == 0) if full else g[1:4] != [2, blocks, 0], (m, n, k, g)
+    with deterministic():
+        assert grid(2048, 4096, 8192, 1, sms, h200) == [512, 1, 512, 0, 0]
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
+    assert grid(2048, 4096, 8192, 1, sms, h200)[1::2] == [2, 132]
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "0")
+    assert grid(2048, 4096, 8192, 1, sms, h200) == [512, 2, 1024, 0, 0]
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K")
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "1")
+    assert grid(2048, 4096, 8192, 1, sms, h200) == [512, 1, 512, 0, 0]
 
 
 def test_no_split_of_k_is_empty(monkeypatch):

@@ -148,6 +148,25 @@ def test_forced_k_splits(gemm_device, gen, monkeypatch, method, splits):
     assert rel_err(out, ref) <= 1.25 * rel_err(whole, ref) + 1e-9, (rel_err(out, ref), rel_err(whole, ref))
 
 
+@pytest.mark.parametrize("gemm_device", CUDA_GEMM_TARGETS, indirect=True)
+@pytest.mark.parametrize("method", METHODS)
+def test_long_k_split_of_a_small_grid(gemm_device, gen, monkeypatch, method):
+    """A large output with K > 4096 on a grid of fewer than 4 waves, whose split fills its waves: the rule splits K
+    in 2 without stream-K by itself (2048^2 x 4160: 256 tiles, 512 blocks on 132 SMs). float32's accuracy, and
+    about that of the unsplit call."""
+    monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+    a = random_tensor(gen, (2048, 4160), "normal", gemm_device)
+    b = random_tensor(gen, (4160, 2048), "normal", gemm_device)
+    monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "1")
+    whole = torch_wmmae.corrected_matmul(a, b, method=method)
+    monkeypatch.delenv("TORCH_WMMAE_K_SPLITS")
+    assert torch.ops.wmmae._corrected_matmul_grid(2048, 2048, 4160, 1, 132, 60 * 2**20)[1:4] == [2, 512, 0]
+    out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert_matmul_within_dot_product_bound(out, a, b, f"{method}, long-K split of a small grid")
+    ref = a.double() @ b.double()
+    assert rel_err(out, ref) <= 1.25 * rel_err(whole, ref) + 1e-9, (rel_err(out, ref), rel_err(whole, ref))
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("value", ["0", "-2", "four", "3.5"])

@@ -142,8 +142,9 @@ int positive_env_int(const char* name, const char* what, long max) {
 // short block does not amortize. With the 96 k assumed before, a shape whose tiles nearly fill one wave was
 // split into several short waves: N = 14400 took 405 us split 7 ways against 301 us unsplit, N = 45120 981
 // against 691 us. With 1024, every measured shape runs within 9% of its best split count (mean 1.5%).
-// From 4 waves of tiles on, only long K splits (long_k_splits). (plan_gemm_grid turns split-K off in
-// deterministic mode: the fp32 atomics that combine the splits make the last bits depend on their order.)
+// From 4 waves of tiles on, only long K splits (long_k_splits; plan_gemm_grid takes them below that too, where
+// long_k_split_below_4_waves says so). (plan_gemm_grid turns split-K off in deterministic mode: the fp32
+// atomics that combine the splits make the last bits depend on their order.)
 constexpr std::int64_t kBlockOverheadK = 1024;
 int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms, std::int64_t l2_bytes) {
   if (blocks >= 4 * static_cast<std::int64_t>(sms)) return long_k_splits(k, l2_bytes);
@@ -163,6 +164,31 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms, std::int64_t l
     }
   }
   return best;
+}
+
+// Whether a grid of fewer than 4 waves of tiles (`blocks`, batch slots included) takes the long-K split too, and
+// no stream-K: large outputs (accumulation chunks of 4096) with K > kLongKSplitAboveK, where the split's blocks
+// fill their last wave to at least kLongKMinWaveFill. There the wave rule (choose_k_splits) leaves K whole, or
+// the stream-K rule takes its one block per SM, which under held load were both slower. H200, auto, one process,
+// two rounds each, held 2 s / burst TFLOP/s, the earlier choice -> 2 splits (benchmarks/NOTES.md, session 67):
+// stream-K at 2048 x 4096 x 8192 113.7-114.4 / 130.1-130.4 -> 122.8-122.9 / 134.7-134.8, 2048^2 x 16384 110.1-110.2
+// / 128.3-128.7 -> 121.7 / 134.6-134.8, 2048 x 3584 x 4608 111.8-112.1 / 127.8-128.1 -> 117.5-117.8 / 126.3-126.6,
+// 2560 x 3072 x 8192 (fill 0.91) 112.4-112.6 / 130.8-130.9 -> 117.7-118.0 / 127.3-127.6; unsplit (chunks read back
+// in one batch) at 2048^2 x 8192 119.2-119.6 / 126.3-127.0 -> 119.9-120.0 / 127.9-129.0, 1024 x 4096 x 8192
+// 117.6-118.1 / 124.8-125.5 -> 119.3 / 128.0-128.1, 2048^2 x 4608 113.4-113.8 / 116.6-117.3 -> 115.4-115.5 /
+// 121.4-121.9 (and three more shapes, 0.5-1% held). Below that fill the stream-K schedule stays: 1536 x 3584 x
+// 8192 (fill 0.85) 110.3 / 128.9-129.2 against 2 splits' 108.7-108.8 / 117.4-117.7, 1536 x 3072 x 8192 (0.87,
+// 2 splits and stream-K) 112.1-112.2 / 128.9-129.3 against 113.3 / 119.2.
+constexpr double kLongKMinWaveFill = 0.9;
+bool long_k_split_below_4_waves(std::int64_t blocks, std::int64_t m, std::int64_t n, std::int64_t k, int sms,
+                                std::int64_t l2_bytes) {
+  if (blocks >= 4 * static_cast<std::int64_t>(sms) || accumulation_chunk(m, n) != kAccumulationChunkLarge ||
+      k <= kLongKSplitAboveK) {
+    return false;
+  }
+  const std::int64_t split_blocks = blocks * long_k_splits(k, l2_bytes);
+  const std::int64_t waves = (split_blocks + sms - 1) / sms;
+  return static_cast<double>(split_blocks) >= kLongKMinWaveFill * static_cast<double>(waves * sms);
 }
 
 // TORCH_WMMAE_STREAM_K (see plan_gemm_grid): kChoose when unset, but kNever where TORCH_WMMAE_K_SPLITS has
@@ -223,6 +249,10 @@ std::int64_t stream_k_gap(std::int64_t tiles, std::int64_t k_stages, std::int64_
 // the rule counts kReadBackStages k-stages for each. H200, the same build, grid -> stream-K, 128 x N x 4096
 // (four chunks per block): N = 16192-16896 (127-132 tiles, one wave; at 132 tiles the same stages per block)
 // 8-10% faster, N = 32704 (two waves) 9% faster; N = 33792 (chunks of 4096: nothing to read back) 1.5% slower.
+// Large outputs' chunks of 4096 are not counted: that would choose stream-K on grids whose waves are nearly full,
+// where it was 5-9% slower under held load than the unsplit grid (H200, session 67: 2048^2 x 8192, 2048 x 3072
+// x 8192, 2048 x 4096 x 6144, 1024 x 4096 x 8192, 4096 x 2048 x 12288), and those grids take the long-K split
+// now (long_k_split_below_4_waves).
 constexpr std::int64_t kMinStreamKStages = 8;
 constexpr double kStreamKGain = 0.97;
 constexpr std::int64_t kStreamKPieceStages = 4;
@@ -281,14 +311,20 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
   GemmGrid grid{};
   grid.tiles = gemm_tiles(m, n);
   grid.batch_slots = std::min(batch, kMaxGridYZ);
-  grid.k_splits = at::globalContext().deterministicAlgorithms() ? 1  // (see choose_k_splits)
-                  : forced_splits > 0 ? nonempty_splits(k, forced_splits)
-                                      : choose_k_splits(grid.tiles * grid.batch_slots, k, static_cast<int>(sm_count),
-                                                        l2_bytes);
+  const int sms = static_cast<int>(sm_count);
+  const std::int64_t blocks = grid.tiles * grid.batch_slots;
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  const bool long_k_grid =
+      !deterministic && forced_splits == 0 && long_k_split_below_4_waves(blocks, m, n, k, sms, l2_bytes);
+  grid.k_splits = deterministic         ? 1  // (see choose_k_splits)
+                  : forced_splits > 0   ? nonempty_splits(k, forced_splits)
+                  : long_k_grid         ? long_k_splits(k, l2_bytes)
+                                        : choose_k_splits(blocks, k, sms, l2_bytes);
   grid.k_per_split = k_per_split(k, grid.k_splits);
   grid.persistent_batch_slots = persistent_batch_slots(grid, batch, k, sm_count);
-  grid.stream_k_blocks = stream_k_blocks(grid.tiles * batch, m, n, k, grid.k_splits, static_cast<int>(sm_count),
-                                         stream_k_policy(forced_splits > 0));
+  StreamK policy = stream_k_policy(forced_splits > 0);
+  if (long_k_grid && policy == StreamK::kChoose) policy = StreamK::kNever;
+  grid.stream_k_blocks = stream_k_blocks(grid.tiles * batch, m, n, k, grid.k_splits, sms, policy);
   grid.stream_k_gap =
       grid.stream_k_blocks > 0 ? stream_k_gap(grid.tiles * batch, gemm_k_stages(k), grid.stream_k_blocks) : 0;
   return grid;
