@@ -110,7 +110,8 @@ int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_s
 // else gemm_tile_group_rows.
 int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits);
 
-// Splits of a long K for a grid of many tiles (at least 4 waves, where split-K is otherwise never chosen): 2 where
+// Splits of a long K for a grid of many tiles (at least 4 waves, where split-K is otherwise never chosen; below
+// that, large outputs whose split fills its waves, see long_k_split_below_4_waves in matmul_plan.cpp): 2 where
 // K is longer than kLongKSplitAboveK, and more, up to kMaxLongKSplits, where a piece must be shorter still to keep
 // kMaxTileGroupRows (gemm_tile_group_rows); 1 up to it. The threshold is the large outputs' accumulation chunk: an
 // unsplit tile with a longer K flushes a chunk's partial sums into the output and reads them back before it adds
