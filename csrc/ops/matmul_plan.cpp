@@ -250,9 +250,9 @@ std::int64_t stream_k_gap(std::int64_t tiles, std::int64_t k_stages, std::int64_
 // (four chunks per block): N = 16192-16896 (127-132 tiles, one wave; at 132 tiles the same stages per block)
 // 8-10% faster, N = 32704 (two waves) 9% faster; N = 33792 (chunks of 4096: nothing to read back) 1.5% slower.
 // Large outputs' chunks of 4096 are not counted: that would choose stream-K on grids whose waves are nearly full,
-// where it was 5-9% slower under held load than the unsplit grid (H200, session 67: 2048^2 x 8192, 2048 x 3072
-// x 8192, 2048 x 4096 x 6144, 1024 x 4096 x 8192, 4096 x 2048 x 12288), and those grids take the long-K split
-// now (long_k_split_below_4_waves).
+// where it was 1.5-8.5% slower under held load than the unsplit grid (H200, session 67: 2048^2 x 8192, 2048 x
+// 3072 x 8192, 2048 x 4096 x 6144, 1024 x 4096 x 8192, 4096 x 2048 x 12288), and those grids take the long-K
+// split now (long_k_split_below_4_waves).
 constexpr std::int64_t kMinStreamKStages = 8;
 constexpr double kStreamKGain = 0.97;
 constexpr std::int64_t kStreamKPieceStages = 4;
