@@ -71,8 +71,8 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     mode (``torch.autograd.forward_ad``), also under ``torch.func`` (``grad``, ``vjp``, ``jacrev``, ``jvp``,
     ``jacfwd``, ``hessian``); every derivative is a ``corrected_matmul`` with the same method. ``torch.vmap``
     runs one batched call. On CUDA, where the op splits K across blocks (too few output tiles to fill the GPU,
-    or many tiles and K > 4096), float32 atomics add the splits, so the last bits may differ from run to run;
-    ``torch.use_deterministic_algorithms(True)`` turns the split off.
+    or K > 4096 on many tiles or a large output), float32 atomics add the splits, so the last bits may differ
+    from run to run; ``torch.use_deterministic_algorithms(True)`` turns the split off.
 
     Args:
         method: ``"fp16"`` splits into fp16 hi + fp16 residual scaled by 2^11, after scaling each row of ``a``

@@ -146,8 +146,10 @@ int positive_env_int(const char* name, const char* what, long max) {
 // long_k_split_below_4_waves says so). (plan_gemm_grid turns split-K off in deterministic mode: the fp32
 // atomics that combine the splits make the last bits depend on their order.)
 constexpr std::int64_t kBlockOverheadK = 1024;
+// A grid of at least this many waves of tiles: no split-K but the long-K rule's, no stream-K.
+constexpr std::int64_t kManyTileWaves = 4;
 int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms, std::int64_t l2_bytes) {
-  if (blocks >= 4 * static_cast<std::int64_t>(sms)) return long_k_splits(k, l2_bytes);
+  if (blocks >= kManyTileWaves * sms) return long_k_splits(k, l2_bytes);
   int best = 1;
   double best_score = 0.0;
   for (int s = 1; s <= 32; ++s) {
@@ -182,8 +184,7 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms, std::int64_t l
 constexpr double kLongKMinWaveFill = 0.9;
 bool long_k_split_below_4_waves(std::int64_t blocks, std::int64_t m, std::int64_t n, std::int64_t k, int sms,
                                 std::int64_t l2_bytes) {
-  if (blocks >= 4 * static_cast<std::int64_t>(sms) || accumulation_chunk(m, n) != kAccumulationChunkLarge ||
-      k <= kLongKSplitAboveK) {
+  if (blocks >= kManyTileWaves * sms || accumulation_chunk(m, n) != kAccumulationChunkLarge || k <= kLongKSplitAboveK) {
     return false;
   }
   const std::int64_t split_blocks = blocks * long_k_splits(k, l2_bytes);
@@ -266,7 +267,7 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t m, std::int64_t n,
   const std::int64_t blocks = std::min<std::int64_t>(sms, tiles * k_stages / kMinStreamKStages);
   if (blocks < 2) return 0;
   if (policy == StreamK::kAlways) return blocks;
-  if (tiles >= 4 * static_cast<std::int64_t>(sms)) return 0;
+  if (tiles >= kManyTileWaves * sms) return 0;
   const std::int64_t split_waves = (tiles * k_splits + sms - 1) / sms;
   std::int64_t split_stages = split_waves * (k_per_split(k, k_splits) / kGemmStageK);
   if (k_splits == 1 && accumulation_chunk(m, n) == kAccumulationChunkSmall) {
