@@ -1459,9 +1459,9 @@ def test_long_k_split_rule(monkeypatch):
 
 def test_long_k_split_below_four_waves(monkeypatch):
     """Large outputs (at least 2^22 elements: chunks of 4096) with K > 4096 on grids of fewer than 4 waves of
-    tiles take the long-K split too, and no stream-K, where the split's blocks fill their last wave to at least
-    90% (long_k_split_below_4_waves); elsewhere the wave rule and the stream-K rule decide. Never in deterministic
-    mode; TORCH_WMMAE_K_SPLITS and TORCH_WMMAE_STREAM_K=1 still force their choices."""
+    tiles take the long-K split too, and no stream-K, where the split's blocks fill their waves (blocks / (waves
+    x SMs)) to at least 90% (long_k_split_below_4_waves); elsewhere the wave rule and the stream-K rule decide.
+    Never in deterministic mode; TORCH_WMMAE_K_SPLITS and TORCH_WMMAE_STREAM_K=1 still force their choices."""
     monkeypatch.delenv("TORCH_WMMAE_K_SPLITS", raising=False)
     monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
     grid = torch.ops.wmmae._corrected_matmul_grid  # [tiles, k_splits, blocks, stream-K blocks, batch slots]
