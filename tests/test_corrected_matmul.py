@@ -1285,9 +1285,14 @@ def test_vector_times_fully_permuted_batch(device, b_shape, method):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
-def test_split_k_shapes(method):
+def test_split_k_shapes(method, monkeypatch):
     """Few output tiles and a long K: the CUDA op splits K across blocks and combines the splits with fp32
-    atomics. Accurate either way; bitwise reproducible in deterministic mode, where it does not split."""
+    atomics (stream-K, which the rule takes here for the fp16 GEMM, is off: its schedule has its own tests).
+    Accurate either way; bitwise reproducible in deterministic mode, where it does not split."""
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "0")
+    props = torch.cuda.get_device_properties(0)
+    grid = torch.ops.wmmae._corrected_matmul_grid(64, 96, 16384, 1, props.multi_processor_count, props.L2_cache_size)
+    assert grid[1] > 1 and grid[3] == 0, grid  # K split, no stream-K
     gen = torch.Generator().manual_seed(7)
     a = torch.randn(64, 16384, generator=gen).cuda()
     b = torch.randn(16384, 96, generator=gen).cuda()
