@@ -62,7 +62,8 @@ def test_corrected_matmul_float32_fallback_paths(gemm_device, gen, method, a_col
     a_dev = (a.mT.contiguous().mT if a_col else a).to(gemm_device)
     b_dev = (b.mT.contiguous().mT if b_col else b).to(gemm_device)
     out = torch_wmmae.corrected_matmul(a_dev, b_dev, method=method)
-    assert torch.equal(out.cpu(), torch_wmmae.corrected_matmul(a, b, method=method))
+    if gemm_device != "cpu" or a_col or b_col:  # (the CPU with both row-major would be the same call again)
+        assert torch.equal(out.cpu(), torch_wmmae.corrected_matmul(a, b, method=method))
     assert_matmul_within_dot_product_bound(out, a_dev, b_dev)
 
 
