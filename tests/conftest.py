@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import hashlib
 import os
 import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -233,6 +237,34 @@ def runs_sm90_gemm(device="cuda") -> bool:
     as the op itself decides it: unlike kernel names from torch.profiler, this holds under compute-sanitizer."""
     return torch.cuda.is_available() and "sm90" in torch.ops.wmmae._corrected_matmul_kernel_choice(
         torch.empty(0, device=device))
+
+
+# The wgmma fp16 kernel's instantiations that read a chunk's partial sums back in one batch (kReadBack).
+READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
+
+
+def device_gemm_grid(m: int, n: int, k: int, batch: int = 1, device="cuda") -> list[int]:
+    """corrected_matmul's launch grid (_corrected_matmul_grid) on `device`: its SM count and L2 size."""
+    props = torch.cuda.get_device_properties(device)
+    return torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, props.multi_processor_count, props.L2_cache_size)
+
+
+@functools.lru_cache(maxsize=None)
+def extension_has_sm90a_code() -> bool | None:
+    """Whether the built extension holds sm_90a code, read from the binary with cuobjdump (None: no cuobjdump or
+    no binary), independently of what the op reports."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import sass_report
+
+    binaries = glob.glob(os.path.join(os.path.dirname(torch_wmmae.__file__), "_C*.so"))
+    tool = sass_report.find_cuobjdump()
+    if not binaries or tool is None:
+        return None
+    with subprocess.Popen([tool, "-sass", binaries[0]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as listing:
+        found = any(line.strip() == "arch = sm_90a" for line in listing.stdout)
+        listing.kill()
+    return found
 
 
 def persistent_slots_batch(m: int, n: int, k: int, device="cuda") -> int:

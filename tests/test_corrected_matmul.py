@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, assert_memory_savers_keep_gradients, U32, deterministic, leaves, outputs_at_risk, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, U32, deterministic, leaves, outputs_at_risk, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -1292,8 +1292,7 @@ def test_split_k_shapes(method, monkeypatch):
     atomics (stream-K, which the rule takes here for the fp16 GEMM, is off: its schedule has its own tests).
     Accurate either way; bitwise reproducible in deterministic mode, where it does not split."""
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "0")
-    props = torch.cuda.get_device_properties(0)
-    grid = torch.ops.wmmae._corrected_matmul_grid(64, 96, 16384, 1, props.multi_processor_count, props.L2_cache_size)
+    grid = device_gemm_grid(64, 96, 16384)
     assert grid[1] > 1 and grid[3] == 0, grid  # K split, no stream-K
     gen = torch.Generator().manual_seed(7)
     a = torch.randn(64, 16384, generator=gen).cuda()

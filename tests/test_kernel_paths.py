@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, deterministic, launched_kernels, outputs_at_risk, persistent_slots_batch,
-                      profiler_records_kernels, random_tensor, random_tensor_in_layout, rel_err, requires_cuda,
-                      runs_sm90_gemm)
+from conftest import (DEVICES, READ_BACK_KERNEL, deterministic, device_gemm_grid, extension_has_sm90a_code,
+                      launched_kernels, outputs_at_risk, persistent_slots_batch, profiler_records_kernels,
+                      random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -157,11 +157,9 @@ def test_long_k_split_of_a_small_grid(gemm_device, gen, monkeypatch, method):
     """A large output with K > 4096 on a grid of fewer than 4 waves, whose split fills its waves: the rule splits K
     in 2 without stream-K by itself (2048^2 x 4160: 256 tiles, 512 blocks; on an H100 SXM or H200, 132 SMs, 97%
     of 4 waves). float32's accuracy, and about that of the unsplit call."""
-    props = torch.cuda.get_device_properties(0)
-    plan = torch.ops.wmmae._corrected_matmul_grid(2048, 2048, 4160, 1, props.multi_processor_count,
-                                                  props.L2_cache_size)
+    plan = device_gemm_grid(2048, 2048, 4160)
     if plan[1:4] != [2, 512, 0]:
-        pytest.skip(f"this GPU's plan ({props.multi_processor_count} SMs) does not split 2048^2 x 4160: {plan}")
+        pytest.skip(f"this GPU's plan does not split 2048^2 x 4160: {plan}")
     a = random_tensor(gen, (2048, 4160), "normal", gemm_device)
     b = random_tensor(gen, (4160, 2048), "normal", gemm_device)
     monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "1")
@@ -329,27 +327,6 @@ def test_kernel_choice_follows_the_switches_and_names_the_launched_kernels(gen, 
     assert any(TMA_KERNEL.search(name) for name in ran) == ("sm90_tma" in choice), (choice, ran)
 
 
-def _extension_has_sm90a_code() -> bool | None:
-    """Whether the built extension holds sm_90a code, read from the binary with cuobjdump (None: no cuobjdump or
-    no binary), independently of what the op reports."""
-    import glob
-    import subprocess
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-    import sass_report
-
-    binaries = glob.glob(os.path.join(os.path.dirname(torch_wmmae.__file__), "_C*.so"))
-    tool = sass_report.find_cuobjdump()
-    if not binaries or tool is None:
-        return None
-    with subprocess.Popen([tool, "-sass", binaries[0]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as listing:
-        found = any(line.strip() == "arch = sm_90a" for line in listing.stdout)
-        listing.kill()
-    return found
-
-
 @requires_cuda
 @pytest.mark.gpu
 def test_an_sm90a_build_runs_the_wgmma_kernels_on_hopper(monkeypatch):
@@ -358,7 +335,7 @@ def test_an_sm90a_build_runs_the_wgmma_kernels_on_hopper(monkeypatch):
     code cannot pass the sm_90 tests by skipping them (they follow the op's report, runs_sm90_gemm)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
-    has_sm90a = _extension_has_sm90a_code()
+    has_sm90a = extension_has_sm90a_code()
     if has_sm90a is None:
         pytest.skip("needs cuobjdump and the built extension")
     for key in ("TORCH_WMMAE_PORTABLE_GEMM", "TORCH_WMMAE_SM90_TMA"):
@@ -737,9 +714,6 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, batch
             eager = _run_chain(x_in, bs, sync_each_step=False)  # (the replay negated x_in in place)
             for i, (step, step_eager) in enumerate(zip(captured, eager)):
                 assert torch.equal(step[2], step_eager[2]), f"replay {replay}, step {i}"
-
-
-READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
 
 
 @requires_cuda

@@ -18,8 +18,9 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul, fragment_map
 
-from conftest import (child_process_env, deterministic, launched_kernels, outputs_at_risk, persistent_slots_batch,
-                      profiler_records_kernels, random_tensor, rel_err, runs_sm90_gemm)
+from conftest import (READ_BACK_KERNEL, child_process_env, deterministic, device_gemm_grid, launched_kernels,
+                      outputs_at_risk, persistent_slots_batch, profiler_records_kernels, random_tensor, rel_err,
+                      runs_sm90_gemm)
 from hardening import analytic_arch, assert_device_still_usable, assert_matmul_within_dot_product_bound, assert_outer_correct
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -124,7 +125,6 @@ def test_both_devices_at_once_give_the_same_bits(gen):
 # A large output (2048^2, chunks of 4096) with K = 4160: unsplit in deterministic mode, its blocks read their
 # partial sums back in one batch (the kReadBack instantiation); otherwise the long-K split in 2 (the GPU's SM
 # count and L2 size decide it, so the test checks the plan of each GPU).
-READ_BACK_KERNEL = r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>"
 SCHEDULES = {
     "resident_prepass": ((6, 200, 300), (6, 300, 136), {}, True, "fp16", "resident_prepass_kernel"),
     "persistent_batch_slots": ((None, 200, 100), (None, 100, 136), {}, True, "fp16", None),
@@ -137,13 +137,6 @@ SCHEDULES = {
     "long_k_split": ((2048, 4160), (4160, 2048), {}, False, "fp16", None),
 }
 
-
-def planned_k_splits_and_stream_k_blocks(a_shape, b_shape, dev: torch.device) -> list[int]:
-    """[K splits, stream-K blocks] of the CUDA GEMM's grid for these (unbatched) shapes on `dev`."""
-    props = torch.cuda.get_device_properties(dev)
-    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
-    grid = torch.ops.wmmae._corrected_matmul_grid(m, n, k, 1, props.multi_processor_count, props.L2_cache_size)
-    return [grid[1], grid[3]]
 
 
 @pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
@@ -178,8 +171,8 @@ def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedul
     out = {}
     with torch.cuda.device(current), deterministic(exact):
         if schedule == "long_k_split":
-            plans = [planned_k_splits_and_stream_k_blocks(a_shape, b_shape, d) for d in (dev, other)]
-            if plans != [[2, 0], [2, 0]]:
+            plans = [device_gemm_grid(a_shape[-2], b_shape[-1], a_shape[-1], device=d)[1::2] for d in (dev, other)]
+            if plans != [[2, 0], [2, 0]]:  # ([K splits, stream-K blocks])
                 pytest.skip(f"these GPUs' plans do not split 2048^2 x 4160 in 2 without stream-K: {plans}")
         kernels = launched_kernels(lambda: out.setdefault(target, corrected_matmul(a, b, method=method)))
         out[current] = corrected_matmul(a.to(other), b.to(other), method=method)
