@@ -138,7 +138,6 @@ SCHEDULES = {
 }
 
 
-
 @pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.usefixtures("ieee_fp32")

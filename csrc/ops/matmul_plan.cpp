@@ -171,8 +171,9 @@ int choose_k_splits(std::int64_t blocks, std::int64_t k, int sms, std::int64_t l
 // Whether a grid of fewer than 4 waves of tiles (`blocks`, batch slots included) takes the long-K split too, and
 // no stream-K: large outputs (accumulation chunks of 4096) with K > kLongKSplitAboveK, where the split's blocks
 // fill their waves (blocks / (waves x SMs)) to at least kLongKMinWaveFill. There the wave rule (choose_k_splits)
-// leaves K whole, or the stream-K rule takes its one block per SM, which under held load were both slower. H200, auto, one process,
-// two rounds each, held 2 s / burst TFLOP/s, the earlier choice -> 2 splits (benchmarks/NOTES.md, session 67):
+// leaves K whole, or the stream-K rule takes its one block per SM, which under held load were both slower.
+// H200, auto, one process, two rounds each, held 2 s / burst TFLOP/s, the earlier choice -> 2 splits
+// (benchmarks/NOTES.md, session 67):
 // stream-K at 2048 x 4096 x 8192 113.7-114.4 / 130.1-130.4 -> 122.8-122.9 / 134.7-134.8, 2048^2 x 16384 110.1-110.2
 // / 128.3-128.7 -> 121.7 / 134.6-134.8, 2048 x 3584 x 4608 111.8-112.1 / 127.8-128.1 -> 117.5-117.8 / 126.3-126.6,
 // 2560 x 3072 x 8192 (fill 0.91) 112.4-112.6 / 130.8-130.9 -> 117.7-118.0 / 127.3-127.6; unsplit (chunks read back
