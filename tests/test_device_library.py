@@ -4,8 +4,8 @@
   warnings as errors (tests/device/compile_check.cu), and misuses fail to compile with their own message
   (tests/device/misuse.cu).
 - On a GPU: a test-only extension (tests/device/wmmae_device_tests.cu, built by this test run) checks every
-  primitive against its plain-WMMA equivalent for every fragment type, and the compile-time map against the
-  map measured with load_matrix_sync.
+  primitive against its plain-WMMA equivalent for every fragment type, the compile-time map against the
+  map measured with load_matrix_sync, and the device forms of the fp16 splits against float64 arithmetic.
 """
 import os
 import shutil
@@ -78,13 +78,13 @@ def device_tests():
          sources=[os.path.join(DEVICE_DIR, "wmmae_device_tests.cu"), os.path.join(CSRC, "ops", "fragment_spec.cpp")],
          extra_include_paths=[CSRC], extra_cflags=["-O2", "-std=c++17"],
          extra_cuda_cflags=["-O2", "-std=c++17"], is_python_module=False, verbose=False)
-    return torch.ops.wmmae_test.check
+    return torch.ops.wmmae_test
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("use,m,n,k,dtype,layout", SM80_FRAGMENTS)
 def test_primitives_match_plain_wmma(device_tests, seed, use, m, n, k, dtype, layout):
-    errors, device_map = device_tests(use, m, n, k, dtype, layout, seed % (1 << 30))
+    errors, device_map = device_tests.check(use, m, n, k, dtype, layout, seed % (1 << 30))
     assert errors.numel() == len(CHECKS)
     failed = {name: int(e) for name, e in zip(CHECKS, errors.tolist()) if e}
     assert not failed, f"{use} m{m}n{n}k{k} {dtype} {layout}, seed {seed % (1 << 30)}: mismatches {failed}"
@@ -92,3 +92,49 @@ def test_primitives_match_plain_wmma(device_tests, seed, use, m, n, k, dtype, la
     # checked against independent references in test_fragment_map.py.)
     measured = torch_wmmae.fragment_map(use, m, n, k, dtype, layout, device="cuda")
     assert torch.equal(device_map.cpu(), measured.cpu())
+
+
+SPLIT_FORMS = ["split_fp16", "split_fp16x2", "split_fp16_compensated", "split_fp16x2_compensated"]
+
+
+def fp16_split_reference(v: torch.Tensor, compensated: bool):
+    """split.hpp's fp16 split in float64: hi = v rounded to fp16; lo = (v - hi) 2^11, or v 2^11 - hi (2^11 -
+    2^-13) (exact in float64) rounded once to float32, then rounded to fp16."""
+    hi = v.half()
+    d, h = v.double(), hi.double()
+    lo = d * 2048.0 - h * (2048.0 - 2.0**-13) if compensated else (d - h) * 2048.0
+    return hi, lo.float().half()
+
+
+def split_test_values(gen: torch.Generator) -> torch.Tensor:
+    """Random float32 values over fp16's range and below it (every exponent from 2^-30, all 24 significant bits,
+    both signs, |v| < 65520 so that hi is finite), then edges: zeros, ties of the fp16 rounding, fp16's
+    subnormals and largest values, float32 subnormals, Inf and NaN."""
+    count = 1 << 14
+    significand = 1.0 + torch.rand(count, generator=gen, dtype=torch.float64)
+    exponent = torch.randint(-30, 16, (count,), generator=gen).double()
+    sign = torch.randint(0, 2, (count,), generator=gen).double() * 2 - 1
+    random_values = (sign * significand * 2.0**exponent).float()
+    random_values = random_values[random_values.abs() < 65520.0]
+    edges = torch.tensor([0.0, -0.0, 1.0, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 1.0 + 2**-11 + 2**-23, -(1.0 + 2**-11),
+                          2.0**-14, 2.0**-14 - 2**-37, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 2.0**-26, 65504.0, 65519.0,
+                          -65519.0, 1e-40, -1e-45, float("inf"), float("-inf"), float("nan"), 0.1],
+                         dtype=torch.float32)
+    values = torch.cat([random_values, edges])
+    return values[: values.numel() // 2 * 2]
+
+
+@pytest.mark.gpu
+def test_fp16_splits_on_the_device_match_float64_arithmetic(device_tests, gen):
+    v = split_test_values(gen)
+    out = device_tests.split_fp16(v.cuda()).cpu()
+    for form, name in enumerate(SPLIT_FORMS):
+        expected = fp16_split_reference(v, compensated="compensated" in name)
+        for part, (got, want) in enumerate(zip(out[form], expected)):
+            got_nan, want_nan = got.isnan(), want.isnan()
+            # NaN payloads may differ; everything else must match to the bit (zeros' signs included).
+            bad = (got_nan != want_nan) | (~want_nan & (got.view(torch.int16) != want.view(torch.int16)))
+            assert not bad.any(), (f"{name} {'hi' if part == 0 else 'lo'}: {int(bad.sum())} of {v.numel()} "
+                                   f"differ, e.g. v = {v[bad][:4].tolist()}: {got[bad][:4].tolist()} against "
+                                   f"{want[bad][:4].tolist()}")
+    assert v.isinf().any() and v.isnan().any() and (v.abs() < 2**-14).any()  # the edges are in

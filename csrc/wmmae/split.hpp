@@ -119,11 +119,15 @@ struct DeviceHalfRounding {
   __device__ static float to_float(__half h) { return __half2float(h); }
 };
 
-// split_fp16 of two values at once (two conversions per instruction on the device).
+// split_fp16 of two values at once (two conversions per instruction on the device). The residual is formed
+// as v 2^11 - hi 2^11 in one fused multiply-add: the same value as (v - hi) 2^11 (every term is exact for v
+// inside fp16's range), but v 2^11 is computed while v is converted to hi, so the residual is one dependent
+// step closer to v (the A operand's split sits right before the GEMM's tensor-core products).
 __device__ inline void split_fp16x2(float v0, float v1, __half2& hi, __half2& lo) {
   hi = __floats2half2_rn(v0, v1);
   const float2 h = __half22float2(hi);
-  lo = __floats2half2_rn((v0 - h.x) * kFp16ResidualScale, (v1 - h.y) * kFp16ResidualScale);
+  lo = __floats2half2_rn(__fmaf_rn(h.x, -kFp16ResidualScale, v0 * kFp16ResidualScale),
+                         __fmaf_rn(h.y, -kFp16ResidualScale, v1 * kFp16ResidualScale));
 }
 
 // split_fp16_compensated of two values at once.

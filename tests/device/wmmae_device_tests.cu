@@ -1,8 +1,13 @@
 // Test-only operators for the device library (built by tests/test_device_library.py on a GPU machine).
 // wmmae_test::check(use, m, n, k, dtype, layout, seed) runs every primitive against its plain-WMMA
 // equivalent for one fragment type and returns (errors [kNumChecks] int32, compile-time map [32, num, 2]).
+// wmmae_test::split_fp16(values) returns the device forms of split.hpp's fp16 splits, for the test to compare
+// with its own float64 arithmetic.
 #include <ATen/cuda/CUDAContext.h>
+#include <cuda_fp16.h>
 #include <torch/library.h>
+
+#include <limits>
 
 #include "ops/fragment_dispatch.cuh"
 #include "wmmae/wmmae.hpp"
@@ -386,9 +391,52 @@ std::tuple<at::Tensor, at::Tensor> check(c10::string_view use, int64_t m, int64_
   return {errors, table};
 }
 
+// out[form][part][i], part 0 hi, 1 lo; forms: split_fp16, split_fp16x2, split_fp16_compensated,
+// split_fp16x2_compensated (the x2 forms take values in pairs).
+__global__ void split_kernel(const float* v, __half* out, int64_t n) {
+  const int64_t pair = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (2 * pair >= n) return;
+  const int64_t i = 2 * pair;
+  auto put = [&](int form, int64_t at, __half hi, __half lo) {
+    out[(2 * form) * n + at] = hi;
+    out[(2 * form + 1) * n + at] = lo;
+  };
+  __half hi, lo;
+  __half2 hi2, lo2;
+  for (int64_t at = i; at < i + 2; ++at) {
+    wmmae::split_fp16<wmmae::DeviceHalfRounding>(v[at], hi, lo);
+    put(0, at, hi, lo);
+    wmmae::split_fp16_compensated<wmmae::DeviceHalfRounding>(v[at], hi, lo);
+    put(2, at, hi, lo);
+  }
+  wmmae::split_fp16x2(v[i], v[i + 1], hi2, lo2);
+  put(1, i, __low2half(hi2), __low2half(lo2));
+  put(1, i + 1, __high2half(hi2), __high2half(lo2));
+  wmmae::split_fp16x2_compensated(v[i], v[i + 1], hi2, lo2);
+  put(3, i, __low2half(hi2), __low2half(lo2));
+  put(3, i + 1, __high2half(hi2), __high2half(lo2));
+}
+
+at::Tensor split_fp16(const at::Tensor& values) {
+  TORCH_CHECK(values.is_cuda() && values.scalar_type() == at::kFloat && values.dim() == 1 && values.is_contiguous() &&
+                  values.numel() % 2 == 0,
+              "split_fp16: values must be a contiguous 1-D float32 CUDA tensor of even length");
+  const int64_t n = values.numel();
+  at::Tensor out = at::full({4, 2, n}, std::numeric_limits<float>::quiet_NaN(), values.options().dtype(at::kHalf));
+  if (n == 0) return out;
+  const int threads = 256;
+  const int64_t blocks = (n / 2 + threads - 1) / threads;
+  split_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), reinterpret_cast<__half*>(out.data_ptr<at::Half>()), n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(wmmae_test, m) {
   m.def("check(str use, int m, int n, int k, str dtype, str? layout, int seed) -> (Tensor, Tensor)");
   m.impl("check", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(check));
+  m.def("split_fp16(Tensor values) -> Tensor");
+  m.impl("split_fp16", c10::DispatchKey::CUDA, TORCH_FN(split_fp16));
 }
