@@ -162,6 +162,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
+def fp16_split_reference(v: torch.Tensor, compensated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """split.hpp's fp16 split of float32 `v`, written out in float64 (the independent reference of the device
+    splits and of the CPU emulation): hi = v rounded to fp16; lo = (v - hi) 2^11, or with the compensation
+    (split_fp16_compensated) v 2^11 - hi (2^11 - 2^-13), both exact in float64, rounded once to float32 and
+    then to fp16. Returns (hi, lo) as float16."""
+    hi = v.half()
+    d, h = v.double(), hi.double()
+    lo = d * 2048.0 - h * (2048.0 - 2.0**-13) if compensated else (d - h) * 2048.0
+    return hi, lo.float().half()
+
+
 def random_tensor(gen: torch.Generator, shape, dist: str = "normal", device="cpu", dtype=torch.float32):
     """Fresh random data: "uniform" U(-1, 1), "normal" N(0, 1), "positive" U(0, 1)."""
     if dist == "uniform":

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, U32, deterministic, leaves, outputs_at_risk, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, U32, deterministic, fp16_split_reference, leaves, outputs_at_risk, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -187,9 +187,8 @@ def _fp16_scheme_reference(a: torch.Tensor, b: torch.Tensor, chunk: int) -> torc
 
     sa, sb = shifts(a, 1), shifts(b, 0)
     av, bv = torch.ldexp(a.double(), sa).float(), torch.ldexp(b.double(), sb).float()
-    a_hi, b_hi = av.half().float(), bv.half().float()
-    a_lo = ((av - a_hi) * 2048.0).half().float()
-    b_lo = ((bv.double() - b_hi.double()) * 2048.0 + b_hi.double() * 2.0**-13).float().half().float()
+    a_hi, a_lo = (x.float() for x in fp16_split_reference(av, compensated=False))
+    b_hi, b_lo = (x.float() for x in fp16_split_reference(bv, compensated=True))
 
     def truncate(x):
         f = x.float()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import NO_IMPLICIT_HALF, REPO_ROOT
+from conftest import NO_IMPLICIT_HALF, REPO_ROOT, fp16_split_reference
 from test_fragment_map import SM80_FRAGMENTS
 
 ROOT = str(REPO_ROOT)
@@ -95,15 +95,6 @@ def test_primitives_match_plain_wmma(device_tests, seed, use, m, n, k, dtype, la
 
 
 SPLIT_FORMS = ["split_fp16", "split_fp16x2", "split_fp16_compensated", "split_fp16x2_compensated"]
-
-
-def fp16_split_reference(v: torch.Tensor, compensated: bool):
-    """split.hpp's fp16 split in float64: hi = v rounded to fp16; lo = (v - hi) 2^11, or v 2^11 - hi (2^11 -
-    2^-13) (exact in float64) rounded once to float32, then rounded to fp16."""
-    hi = v.half()
-    d, h = v.double(), hi.double()
-    lo = d * 2048.0 - h * (2048.0 - 2.0**-13) if compensated else (d - h) * 2048.0
-    return hi, lo.float().half()
 
 
 def split_test_values(gen: torch.Generator) -> torch.Tensor:
