@@ -1,11 +1,16 @@
-"""The sweep figures that README and NOTES quote: benchmarks/paper/plot_seed_sweep.dips on made-up curves whose
-dips are known (no GPU: it only reads result rows)."""
+"""The benchmark tools that need no GPU: the sweep figures that README and NOTES quote
+(benchmarks/paper/plot_seed_sweep.dips on made-up curves whose dips are known), bench_sustained's nvidia-smi
+reader, the paper table, and the CUDA microbenchmarks' builds."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
-from conftest import REPO_ROOT
+import pytest
+from torch.utils import cpp_extension
+
+from conftest import NO_IMPLICIT_HALF, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "paper"))
 
@@ -74,3 +79,17 @@ def test_paper_table_is_up_to_date(tmp_path):
                    check=True, capture_output=True)
     committed = root / "benchmarks" / "results" / "paper_table.md"
     assert out.read_text() == committed.read_text(), "run benchmarks/paper/make_table.py"
+
+
+@pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="nvcc not found")
+@pytest.mark.parametrize("source", sorted(p.name for p in (REPO_ROOT / "benchmarks" / "micro").glob("*.cu")))
+def test_micro_benchmarks_compile(tmp_path, source):
+    """The standalone CUDA microbenchmarks still build, warnings as errors, with PyTorch's flags against
+    implicit half conversions (products_floor.cu uses the device library's splits, so a change there must
+    keep it building); they run only on an H100/H200 by hand."""
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    result = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", *NO_IMPLICIT_HALF,
+                             "-Werror", "all-warnings", "-o", tmp_path / "micro",
+                             REPO_ROOT / "benchmarks" / "micro" / source, "-ldl"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
