@@ -1,7 +1,8 @@
 // Where corrected_matmul's energy goes under held load. Its fp16 wgmma GEMM holds an H100/H200 at the 700 W
 // power limit, so its held speed is 700 W divided by its energy per useful flop. This program rebuilds the
 // GEMM's stage loop (csrc/ops/corrected_gemm_sm90.cuh) piece by piece, with no loads from global memory and
-// no flush, holds each version for seconds on every SM, and reads the board's energy from NVML's counter.
+// no flush, holds each version for seconds on every SM, and reads the board's energy from NVML's counter. The
+// products are the GEMM's own wgmma wrappers (csrc/ops/wgmma_sm90.cuh), the splits the device library's.
 // Results and their reading: benchmarks/results/products_floor.md; the study: benchmarks/NOTES.md, session 71.
 //
 // Each block of 256 threads (two warpgroups, one 128 x 128 tile, one block per SM) loops over stages of 32 k
@@ -26,6 +27,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include "../../csrc/ops/wgmma_sm90.cuh"
 #include "../../csrc/wmmae/split.hpp"
 
 #include <algorithm>
@@ -39,6 +41,8 @@
 #include <vector>
 
 namespace {
+
+using namespace wmmae_ops::sm90;  // the GEMM's wgmma wrappers and mbarrier helpers
 
 constexpr int kThreads = 256, kStagesPerLaunch = 8192, kBuffers = 3;
 constexpr int kCoreBytes = 128;                 // one 8 x 8 fp16 core matrix
@@ -63,37 +67,9 @@ __device__ __forceinline__ std::uint64_t descriptor(std::uint32_t smem_addr) {
          (static_cast<std::uint64_t>(kSbo >> 4) << 32);
 }
 
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-#define ACC8(c, i) c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
-#define ACC64(c) \
-  ACC8(c, 0), ACC8(c, 8), ACC8(c, 16), ACC8(c, 24), ACC8(c, 32), ACC8(c, 40), ACC8(c, 48), ACC8(c, 56)
-#define M64N128K16                                                                      \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                          \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"                              \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"              \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"    \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"    \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"     \
-  "}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
-
-// d += a * b (d = a * b where accumulate == 0)
-__device__ __forceinline__ void mma(float (&d)[64], const uint4& a, std::uint64_t b, int accumulate) {
-  asm volatile(M64N128K16 : ACC64("+f") : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(accumulate), "l"(b));
-}
-// d = a * b, d's earlier values dead
-__device__ __forceinline__ void mma_overwrite(float (&d)[64], const uint4& a, std::uint64_t b) {
-  asm volatile(M64N128K16 : ACC64("=f") : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(0), "l"(b));
+// A 64x16 fp16 fragment's four registers, from four consecutive 32-bit words.
+__device__ __forceinline__ void load_fragment(const uint4& v, std::uint32_t (&r)[4]) {
+  r[0] = v.x, r[1] = v.y, r[2] = v.z, r[3] = v.w;
 }
 
 __device__ __forceinline__ std::uint32_t hash(std::uint32_t x) {
@@ -116,51 +92,51 @@ __global__ void __launch_bounds__(kThreads, 1) products_kernel(int stages, int z
     words[i] = lo | hi << 16;
   }
   __syncthreads();
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async();
   __syncthreads();
   const auto base = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   constexpr int kStepDesc = 2 * kLbo >> 4;  // descriptor units per k-step of 16
   float sum[64], hh[64], corr[64];
 #pragma unroll
   for (int x = 0; x < 64; ++x) sum[x] = 0.0f, hh[x] = 0.0f;
-  uint4 a_hi0, a_lo0, a_hi1, a_lo1;
+  std::uint32_t a_hi0[4], a_lo0[4], a_hi1[4], a_lo1[4];
   int buf = 0;
   for (int s = 0; s < stages; ++s) {
     __syncthreads();  // the GEMM's one block barrier per stage
     const std::uint32_t buffer = base + buf * kBufferBytes;
     const std::uint64_t b_hi = descriptor(buffer), b_lo = descriptor(buffer + kSplitBytes);
     const uint4* a = reinterpret_cast<const uint4*>(smem + buf * kBufferBytes + 2 * kSplitBytes) + threadIdx.x;
-    a_hi0 = a[0];
-    a_lo0 = a[kThreads];
+    load_fragment(a[0], a_hi0);
+    load_fragment(a[kThreads], a_lo0);
     if constexpr (kVariant == 2) {
-      a_hi1 = a[2 * kThreads];
-      fence();
-      mma(corr, a_hi0, b_hi, s > 0);
-      mma(corr, a_hi1, b_hi + kStepDesc, 1);
-      commit();
-      wait<1>();  // the previous stage's products
+      load_fragment(a[2 * kThreads], a_hi1);
+      wgmma_fence();
+      wgmma_m64n128k16<false>(corr, a_hi0, b_hi, s > 0);
+      wgmma_m64n128k16<false>(corr, a_hi1, b_hi + kStepDesc, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's products
     } else {
-      fence();
+      wgmma_fence();
       // A fresh hh, as in the GEMM. Variant 0 does not read hh, so its G1 takes the accumulating form with a
       // flag that is 0 at run time (no C read either way), or ptxas would find hh dead and drop products.
       if constexpr (kVariant == 0) {
-        mma(hh, a_hi0, b_hi, zero);
+        wgmma_m64n128k16<false>(hh, a_hi0, b_hi, zero);
       } else {
-        mma_overwrite(hh, a_hi0, b_hi);
+        wgmma_m64n128k16_overwrite<false>(hh, a_hi0, b_hi);
       }
-      mma(corr, a_lo0, b_hi, s > 0);
-      mma(corr, a_hi0, b_lo, 1);
-      commit();
-      wait<1>();  // the previous stage's G3: A's k-step-1 fragment is free
-      a_hi1 = a[2 * kThreads];
-      a_lo1 = a[3 * kThreads];
-      fence();
-      mma(hh, a_hi1, b_hi + kStepDesc, 1);
-      commit();
-      mma(corr, a_lo1, b_hi + kStepDesc, 1);
-      mma(corr, a_hi1, b_lo + kStepDesc, 1);
-      commit();
-      wait<1>();  // G2 (and G1)
+      wgmma_m64n128k16<false>(corr, a_lo0, b_hi, s > 0);
+      wgmma_m64n128k16<false>(corr, a_hi0, b_lo, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's G3: A's k-step-1 fragment is free
+      load_fragment(a[2 * kThreads], a_hi1);
+      load_fragment(a[3 * kThreads], a_lo1);
+      wgmma_fence();
+      wgmma_m64n128k16<false>(hh, a_hi1, b_hi + kStepDesc, 1);
+      wgmma_commit();
+      wgmma_m64n128k16<false>(corr, a_lo1, b_hi + kStepDesc, 1);
+      wgmma_m64n128k16<false>(corr, a_hi1, b_lo + kStepDesc, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // G2 (and G1)
       if constexpr (kVariant == 1) {
         fence_registers(hh);
 #pragma unroll
@@ -170,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) products_kernel(int stages, int z
     }
     buf = buf == kBuffers - 1 ? 0 : buf + 1;
   }
-  wait<0>();
+  wgmma_wait<0>();
   fence_registers(corr);
   float total = 0.0f;
 #pragma unroll
@@ -247,10 +223,6 @@ __device__ __forceinline__ void remote_arrive(std::uint32_t remote_barrier) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_barrier) : "memory");
   }
 }
-// This block's arrival on its mbarrier, expecting `bytes` more from asynchronous copies in the phase.
-__device__ __forceinline__ void expect_bytes(std::uint32_t barrier, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
-}
 // Copies `bytes` of this block's shared memory into another block's (remote address), completing them on
 // that block's mbarrier `remote_barrier`.
 __device__ __forceinline__ void bulk_copy(std::uint32_t remote, std::uint32_t local, int bytes,
@@ -309,12 +281,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 2 * kMaxHiLo; ++i) {
       // kBulk: "full" completes on this block's one arrival with its expected bytes, and the bytes
       const int count = kBulk && i < kMaxHiLo ? 1 : kWarps;
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(full + 8 * i), "r"(count) : "memory");
+      mbarrier_init(reinterpret_cast<std::uint64_t*>(smem + (full - base)) + i, count);
     }
     if constexpr (kBulk) {
-      for (int i = 0; i < kHiLo; ++i) expect_bytes(full + 8 * i, kBulkBytes);  // each buffer's first fill
+      for (int i = 0; i < kHiLo; ++i) mbarrier_arrive_expect_tx(full + 8 * i, kBulkBytes);  // each buffer's first fill
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int row0 = 16 * warp + lane / 4, quad = lane % 4;  // warp w of warpgroup g: rows 64 g + 16 (w % 4)
@@ -332,16 +304,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                               8 * (i >> 1) + 2 * quad);
     }
   };
-  auto split_a = [&](const float2 (&v)[4], uint4& hi, uint4& lo) {
-    std::uint32_t h[4], l[4];
+  auto split_a = [&](const float2 (&v)[4], std::uint32_t (&hi)[4], std::uint32_t (&lo)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       __half2 h2, l2;
       wmmae::split_fp16x2(v[i].x * a_scale[i & 1], v[i].y * a_scale[i & 1], h2, l2);
-      h[i] = bits(h2), l[i] = bits(l2);
+      hi[i] = bits(h2), lo[i] = bits(l2);
     }
-    hi = make_uint4(h[0], h[1], h[2], h[3]);
-    lo = make_uint4(l[0], l[1], l[2], l[3]);
   };
   constexpr int kArrive = kProbe == Probe::cta_release_arrives ? 1 : kProbe == Probe::relaxed_arrives ? 2 : 0;
   // B's split of stage ring slot sb into hi/lo buffer hb, the use-th time that buffer is filled.
@@ -368,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint2*>(tile + kSplitBytes + off) = lo[g];
     }
     if constexpr (kBulk) {  // each warpgroup's part of the half, sent by one of its threads
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      fence_proxy_async();
       asm volatile("bar.sync %0, 128;\n" ::"r"(1 + t / 128) : "memory");
       if (t % 128 == 0) {
         if (use > 0) wait_parity<false>(empty + 8 * hb, (use - 1) & 1);  // its products of the last use
@@ -394,14 +363,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kProbe == Probe::none) {
         asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
       } else {
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_proxy_async();
       }
       if constexpr (kMbarriers) {
         __syncwarp();
         if (lane == 0) remote_arrive<kArrive>(cluster_address(full + 8 * hb, other));
       }
     } else {
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads them after the next barrier
+      fence_proxy_async();  // wgmma reads them after the next barrier
     }
   };
   auto stage_barrier = [] {
@@ -414,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float sum[64], hh[64], corr[64];
 #pragma unroll
   for (int x = 0; x < 64; ++x) sum[x] = 0.0f;
-  uint4 a_hi0, a_lo0, a_hi1, a_lo1;
+  std::uint32_t a_hi0[4], a_lo0[4], a_hi1[4], a_lo1[4];
   float2 a_next[4];
   // Stage s reads fp32 slot s % 3 and hi/lo buffer s % kHiLo (filled for the use-th time); B's split runs
   // kAhead stages ahead, A's k-step-0 fragment one.
@@ -445,27 +414,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kMbarriers) {  // the other block's half of this stage
       wait_parity<kProbe != Probe::cta_scope_waits>(full + 8 * hb, use & 1);
     }
-    fence();
-    mma_overwrite(hh, a_hi0, b_hi);
-    mma(corr, a_lo0, b_hi, s > 0);
-    mma(corr, a_hi0, b_lo, 1);
-    commit();
+    wgmma_fence();
+    wgmma_m64n128k16_overwrite<false>(hh, a_hi0, b_hi);
+    wgmma_m64n128k16<false>(corr, a_lo0, b_hi, s > 0);
+    wgmma_m64n128k16<false>(corr, a_hi0, b_lo, 1);
+    wgmma_commit();
     float2 a_step1[4];
     load_a(sb, 1, a_step1);
-    wait<1>();  // (and the previous stage's products: its hi/lo buffer is free for the other block)
+    wgmma_wait<1>();  // (and the previous stage's products: its hi/lo buffer is free for the other block)
     if constexpr (kMbarriers) {
       const int previous = hb == 0 ? kHiLo - 1 : hb - 1;
-      if (kBulk && s > 0 && t == 0 && s - 1 + kHiLo < stages) expect_bytes(full + 8 * previous, kBulkBytes);
+      if (kBulk && s > 0 && t == 0 && s - 1 + kHiLo < stages) mbarrier_arrive_expect_tx(full + 8 * previous, kBulkBytes);
       if (s > 0 && lane == 0) remote_arrive<(kBulk ? 1 : kArrive)>(cluster_address(empty + 8 * previous, other));
     }
     split_a(a_step1, a_hi1, a_lo1);
-    fence();
-    mma(hh, a_hi1, b_hi + kStepDesc, 1);
-    commit();
-    mma(corr, a_lo1, b_hi + kStepDesc, 1);
-    mma(corr, a_hi1, b_lo + kStepDesc, 1);
-    commit();
-    wait<1>();
+    wgmma_fence();
+    wgmma_m64n128k16<false>(hh, a_hi1, b_hi + kStepDesc, 1);
+    wgmma_commit();
+    wgmma_m64n128k16<false>(corr, a_lo1, b_hi + kStepDesc, 1);
+    wgmma_m64n128k16<false>(corr, a_hi1, b_lo + kStepDesc, 1);
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_registers(hh);
 #pragma unroll
     for (int x = 0; x < 64; ++x) sum[x] += hh[x];
@@ -477,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     advance(ahead_sb, kBuffers, unused);
     advance(ahead_hb, kHiLo, ahead_use);
   }
-  wait<0>();
+  wgmma_wait<0>();
   if constexpr (kCluster) cluster_sync();  // no block exits while the other may still write to it
   fence_registers(corr);
   float total = 0.0f;
@@ -525,6 +494,18 @@ struct Nvml {
     return mhz;
   }
 };
+
+// A launch of `blocks` blocks of splits_kernel in clusters of `cluster` (1: a plain launch); the configuration
+// points to `dims`, which holds the cluster attribute.
+cudaLaunchConfig_t split_launch(int blocks, int cluster, cudaLaunchAttribute& dims) {
+  dims = cudaLaunchAttribute{};
+  dims.id = cudaLaunchAttributeClusterDimension;
+  dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks), config.blockDim = dim3(kThreads), config.dynamicSmemBytes = kSplitSmemBytes;
+  config.attrs = &dims, config.numAttrs = cluster > 1 ? 1 : 0;
+  return config;
+}
 
 // Holds `launch` (one grid of `sms` blocks, kStagesPerLaunch stages each, `products` tensor-core products per
 // k-step) and prints its table row.
@@ -639,12 +620,8 @@ int main(int argc, char** argv) {
   };
   auto grid_of = [&](auto kernel, int cluster) {
     if (cluster == 1) return even;
-    cudaLaunchAttribute dims{};
-    dims.id = cudaLaunchAttributeClusterDimension;
-    dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(even), config.blockDim = dim3(kThreads), config.dynamicSmemBytes = kSplitSmemBytes;
-    config.attrs = &dims, config.numAttrs = 1;
+    cudaLaunchAttribute dims;
+    const cudaLaunchConfig_t config = split_launch(even, cluster, dims);
     int clusters = 0;
     CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
     return std::min(even, clusters * cluster);
@@ -653,12 +630,8 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSplitSmemBytes));
     const int blocks = grid_of(kernel, cluster);
     return std::make_pair(blocks, [=, &seed] {
-      cudaLaunchAttribute dims{};
-      dims.id = cudaLaunchAttributeClusterDimension;
-      dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(blocks), config.blockDim = dim3(kThreads), config.dynamicSmemBytes = kSplitSmemBytes;
-      config.attrs = &dims, config.numAttrs = cluster > 1 ? 1 : 0;
+      cudaLaunchAttribute dims;
+      const cudaLaunchConfig_t config = split_launch(blocks, cluster, dims);
       CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, kStagesPerLaunch, static_cast<const float*>(scales), seed++, out));
     });
   };
