@@ -62,9 +62,8 @@ constexpr int kSmemBytes = kBuffers * kBufferBytes;
     }                                                                                          \
   } while (0)
 
-__device__ __forceinline__ std::uint64_t descriptor(std::uint32_t smem_addr) {
-  return static_cast<std::uint64_t>((smem_addr & 0x3ffff) >> 4) | (static_cast<std::uint64_t>(kLbo >> 4) << 16) |
-         (static_cast<std::uint64_t>(kSbo >> 4) << 32);
+__device__ __forceinline__ std::uint64_t descriptor(std::uint32_t smem_addr) {  // a hi/lo tile's, as the GEMM's
+  return matrix_descriptor<kLbo, kSbo>(smem_addr);
 }
 
 // A 64x16 fp16 fragment's four registers, from four consecutive 32-bit words.

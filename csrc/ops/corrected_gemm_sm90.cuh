@@ -108,12 +108,9 @@ __device__ __forceinline__ int split_offset(int n, int k) {
   return k / 8 * kLbo + n / 8 * kSbo + in_core;
 }
 
-// Shared-memory matrix descriptor: start address, leading (k) and stride (n) byte offsets, in 16-byte units;
-// swizzle mode 0 (none), base offset 0.
+// The descriptor of a hi/lo tile: leading (k) and stride (n) byte offsets kLbo and kSbo.
 __device__ __forceinline__ std::uint64_t smem_descriptor(const void* p) {
-  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<std::uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<std::uint64_t>(kLbo >> 4) << 16) |
-         (static_cast<std::uint64_t>(kSbo >> 4) << 32);
+  return matrix_descriptor<kLbo, kSbo>(static_cast<std::uint32_t>(__cvta_generic_to_shared(p)));
 }
 
 // Where a block writes its output tile, kept in shared memory during the stage loop: in registers, these

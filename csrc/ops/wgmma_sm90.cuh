@@ -1,7 +1,7 @@
 // Hopper (sm_90a) warpgroup matrix products (wgmma): the PTX wrappers the corrected GEMM's kernel is built
-// from (fences, commit and wait of product groups, the register fence around them, and the fp16 m64n128k16 /
-// m64n64k16 and tf32 m64n128k8 products with A in registers and B in shared memory). Also used by
-// benchmarks/micro/products_floor.cu, which rebuilds the GEMM's stage loop from them.
+// from (shared-memory matrix descriptors, fences, commit and wait of product groups, the register fence around
+// them, and the fp16 m64n128k16 / m64n64k16 and tf32 m64n128k8 products with A in registers and B in shared
+// memory). Also used by benchmarks/micro/products_floor.cu, which rebuilds the GEMM's stage loop from them.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,14 @@
 
 namespace wmmae_ops {
 namespace sm90 {
+
+// A shared-memory matrix descriptor: the matrix's shared-window byte address and its leading and stride byte
+// offsets (between core matrices), in 16-byte units; no swizzle, base offset 0.
+template <int kLeadingBytes, int kStrideBytes>
+__device__ __forceinline__ std::uint64_t matrix_descriptor(std::uint32_t smem_addr) {
+  return static_cast<std::uint64_t>((smem_addr & 0x3ffff) >> 4) |
+         (static_cast<std::uint64_t>(kLeadingBytes >> 4) << 16) | (static_cast<std::uint64_t>(kStrideBytes >> 4) << 32);
+}
 
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef WMMAE_SM90A_DEVICE
