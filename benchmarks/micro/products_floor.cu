@@ -231,22 +231,19 @@ __device__ __forceinline__ void bulk_copy(std::uint32_t remote, std::uint32_t lo
                "r"(local), "r"(bytes), "r"(remote_barrier)
                : "memory");
 }
+// mbarrier_wait (sm90_tma.cuh) with acquire at the cluster's scope (kClusterScope), which the other block's
+// stores released at that scope need; mbarrier_wait itself where the block's scope is enough.
 template <bool kClusterScope = true>
-__device__ __forceinline__ void wait_parity(std::uint32_t barrier, std::uint32_t parity) {
+__device__ __forceinline__ void wait_parity(std::uint64_t* barrier, unsigned parity) {
   if constexpr (kClusterScope) {
     asm volatile(
         "{\n.reg .pred done;\nwait_%=:\n"
         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n}\n" ::"r"(barrier),
+        "@!done bra wait_%=;\n}\n" ::"r"(smem_address(barrier)),
         "r"(parity)
         : "memory");
   } else {
-    asm volatile(
-        "{\n.reg .pred done;\nwait_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n}\n" ::"r"(barrier),
-        "r"(parity)
-        : "memory");
+    mbarrier_wait(barrier, parity);
   }
 }
 
@@ -270,20 +267,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto stage_b = [&](int i) { return stage_a(i) + 128 * kAPitch; };
   auto split_tile = [&](int i) { return smem + kBuffers * kStageBytes + i * 2 * kSplitBytes; };
   const auto base = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  const std::uint32_t full = base + kBuffers * kStageBytes + kMaxHiLo * 2 * kSplitBytes, empty = full + kMaxHiLo * 8;
+  // kMbarriers: "full" and "empty" of each hi/lo buffer
+  std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(smem + kBuffers * kStageBytes + kMaxHiLo * 2 * kSplitBytes);
+  std::uint64_t* const empty = full + kMaxHiLo;
   auto* stage_words = reinterpret_cast<float*>(smem);
   for (int i = threadIdx.x; i < kBuffers * kStageBytes / 4; i += kThreads) {
     const std::uint32_t h = hash(seed ^ (blockIdx.x * 0x9e3779b9U) ^ (i * 0x85ebca6bU));
     stage_words[i] = (__uint_as_float(0x3f800000U | (h >> 9)) - 1.0f) * (h & 1 ? -1.0f : 1.0f);
   }
   if (kMbarriers && threadIdx.x == 0) {
-    for (int i = 0; i < 2 * kMaxHiLo; ++i) {
+    for (int i = 0; i < kMaxHiLo; ++i) {
       // kBulk: "full" completes on this block's one arrival with its expected bytes, and the bytes
-      const int count = kBulk && i < kMaxHiLo ? 1 : kWarps;
-      mbarrier_init(reinterpret_cast<std::uint64_t*>(smem + (full - base)) + i, count);
+      mbarrier_init(full + i, kBulk ? 1 : kWarps);
+      mbarrier_init(empty + i, kWarps);
     }
     if constexpr (kBulk) {
-      for (int i = 0; i < kHiLo; ++i) mbarrier_arrive_expect_tx(full + 8 * i, kBulkBytes);  // each buffer's first fill
+      for (int i = 0; i < kHiLo; ++i) mbarrier_arrive_expect_tx(smem_address(full + i), kBulkBytes);  // first fills
     }
     fence_mbarrier_init();
   }
@@ -339,9 +338,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async();
       asm volatile("bar.sync %0, 128;\n" ::"r"(1 + t / 128) : "memory");
       if (t % 128 == 0) {
-        if (use > 0) wait_parity<false>(empty + 8 * hb, (use - 1) & 1);  // its products of the last use
+        if (use > 0) mbarrier_wait(empty + hb, (use - 1) & 1);  // its products of the last use
         const std::uint32_t local = base + (tile - smem), remote = cluster_address(local, other);
-        const std::uint32_t bar = cluster_address(full + 8 * hb, other);
+        const std::uint32_t bar = cluster_address(smem_address(full + hb), other);
 #pragma unroll
         for (int g = 0; g < 2; ++g) {
           const int off = ((first + g) * kThreads + t) * 8;  // 128 threads' 8 bytes: 1 KiB
@@ -350,7 +349,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if constexpr (kCluster) {  // the same places in the other block's tiles
-      if (kMbarriers && use > 0) wait_parity<kProbe != Probe::cta_scope_waits>(empty + 8 * hb, (use - 1) & 1);  // its products of the last use
+      if (kMbarriers && use > 0) {  // its products of the last use
+        wait_parity<kProbe != Probe::cta_scope_waits>(empty + hb, (use - 1) & 1);
+      }
       const std::uint32_t remote = kProbe == Probe::local_stores ? base + (tile - smem) + kSplitBytes / 2
                                                                  : cluster_address(base + (tile - smem), other);
 #pragma unroll
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kMbarriers) {
         __syncwarp();
-        if (lane == 0) remote_arrive<kArrive>(cluster_address(full + 8 * hb, other));
+        if (lane == 0) remote_arrive<kArrive>(cluster_address(smem_address(full + hb), other));
       }
     } else {
       fence_proxy_async();  // wgmma reads them after the next barrier
@@ -388,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kAhead stages ahead, A's k-step-0 fragment one.
   int sb = 0, hb = 0, use = 0;
   int ahead_sb = kAhead % kBuffers, ahead_hb = kAhead, ahead_use = 0;
-  auto advance = [](int& slot, int count, int& uses) {
+  auto advance = [](int& slot, int count, int& uses) {  // the next hi/lo buffer, and its fills so far
     if (++slot == count) slot = 0, ++uses;
   };
   if constexpr (kCluster) {
@@ -411,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     split_a(a_next, a_hi0, a_lo0);
     if (split_first) split_ahead();
     if constexpr (kMbarriers) {  // the other block's half of this stage
-      wait_parity<kProbe != Probe::cta_scope_waits>(full + 8 * hb, use & 1);
+      wait_parity<kProbe != Probe::cta_scope_waits>(full + hb, use & 1);
     }
     wgmma_fence();
     wgmma_m64n128k16_overwrite<false>(hh, a_hi0, b_hi);
@@ -423,8 +424,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();  // (and the previous stage's products: its hi/lo buffer is free for the other block)
     if constexpr (kMbarriers) {
       const int previous = hb == 0 ? kHiLo - 1 : hb - 1;
-      if (kBulk && s > 0 && t == 0 && s - 1 + kHiLo < stages) mbarrier_arrive_expect_tx(full + 8 * previous, kBulkBytes);
-      if (s > 0 && lane == 0) remote_arrive<(kBulk ? 1 : kArrive)>(cluster_address(empty + 8 * previous, other));
+      if (kBulk && s > 0 && t == 0 && s - 1 + kHiLo < stages) {
+        mbarrier_arrive_expect_tx(smem_address(full + previous), kBulkBytes);
+      }
+      if (s > 0 && lane == 0) remote_arrive<(kBulk ? 1 : kArrive)>(cluster_address(smem_address(empty + previous), other));
     }
     split_a(a_step1, a_hi1, a_lo1);
     wgmma_fence();
@@ -440,9 +443,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(hh);
     if (!split_first) split_ahead();
     sb = next_sb;
+    ahead_sb = ahead_sb == kBuffers - 1 ? 0 : ahead_sb + 1;
     advance(hb, kHiLo, use);
-    int unused = 0;
-    advance(ahead_sb, kBuffers, unused);
     advance(ahead_hb, kHiLo, ahead_use);
   }
   wgmma_wait<0>();
