@@ -36,7 +36,9 @@ def reference_rows(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=METHODS, err_rows: int = 512,
-                dist: str = "uniform") -> list:
+                dist: str = "uniform", settle=lambda: None) -> list:
+    """One shape: torch.matmul in float32 and TF32, then each method. `settle` runs before the baseline and
+    before each method, so that each starts from the same state of the GPU (see main)."""
     flop = 2.0 * batch * m * n * k
     a_sets, b_sets = rotating_operands(m, n, k, batch, l2, dist)
     sets = len(a_sets)
@@ -47,6 +49,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
         return median_ms(lambda i: fn(a_sets[i], b_sets[i]), n_inputs=sets, reps=reps, host_ahead=host_ahead)
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    settle()
     fp32_ms, fp32_call_ms = timed(torch.matmul), timed(torch.matmul, host_ahead=False)
     fp32_err = rel_err(torch.matmul(a_sets[0][..., :rows, :], b_sets[0]), ref)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -62,6 +65,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     out = []
     for method in methods:
         ours = lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method)  # noqa: E731
+        settle()
         ms, call_ms = timed(ours), timed(ours, host_ahead=False)
         err = rel_err(torch_wmmae.corrected_matmul(a_sets[0][..., :rows, :], b_sets[0], method=method), ref)
         out.append(dict(m=m, n=n, k=k, batch=batch, method=method, dist=dist, ms=ms, tflops=flop / ms / 1e9,
@@ -81,7 +85,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     p.add_argument("--sweep-step", type=int, default=None)
     p.add_argument("--cool", type=float, default=3.0,
-                   help="idle seconds before each square and batched shape (see settle)")
+                   help="idle seconds before each measurement of a square or batched shape: its torch baseline and "
+                        "each method (see settle)")
     args = p.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     # Process warm-up, discarded: the first shape measured after other GPU work (tests, the batched_outer
@@ -95,7 +100,9 @@ def main() -> None:
     # A shape measured right after seconds of large GEMMs at the GPU's power limit found the GPU in another
     # state, which slowed torch.matmul more than corrected_matmul (H200, 64 x 512^3 right after 2 s of
     # 16384^3: torch fp32 39.1 TFLOP/s against 48.5 in a fresh process, ours 77.3 against 83.8; the batched
-    # row used to follow 16384^3 here). So every square and batched shape starts from an idle GPU.
+    # row used to follow 16384^3 here). So every square and batched shape starts from an idle GPU, and so does
+    # each method there: timed right after auto's 40 calls, fp16 came out up to 10% slower than auto at 4096^3
+    # (H200, session 73: 2.58x against 2.85x), though the two run the same GEMM on these inputs.
     def settle() -> None:
         torch.cuda.synchronize()
         time.sleep(args.cool)
@@ -113,13 +120,11 @@ def main() -> None:
 
     squares = (1024, 2048, 4096, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
     for s in squares:
-        settle()
-        rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20)
-        settle()
-        rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20, methods=("auto",), dist="normal")
+        rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20, settle=settle)
+        rows += bench_shape(s, s, s, 1, l2, reps=10 if s >= 8192 else 20, methods=("auto",), dist="normal",
+                            settle=settle)
         print(rows[-4:], flush=True)
-    settle()
-    rows += bench_shape(512, 512, 512, 64, l2, reps=20)
+    rows += bench_shape(512, 512, 512, 64, l2, reps=20, settle=settle)
     print(rows[-3:], flush=True)
     save(complete=False)
     step = args.sweep_step or (1024 if args.quick else 64)
