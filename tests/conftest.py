@@ -227,6 +227,22 @@ def deterministic(enabled: bool = True):
         torch.use_deterministic_algorithms(previous)
 
 
+@contextlib.contextmanager
+def poisoned_cuda_pool(value, dtype=torch.float32):
+    """Allocations of the block come from a private pool whose only memory is one 2 MiB segment of small
+    blocks, filled with `value` and freed first: an output or workspace that a kernel fails to write keeps
+    the poison. Checks at the end that nothing was allocated outside that segment. Skips where the caching
+    allocator is off (compute-sanitizer runs), since the pool then hands out fresh memory."""
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        pytest.skip("needs the caching allocator")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        poison = [torch.full(((1 << 20) // dtype.itemsize,), value, dtype=dtype, device="cuda") for _ in range(2)]
+        del poison
+        yield pool
+    assert len(pool.snapshot()) == 1, "the call allocated outside the poisoned segment"
+
+
 def launched_kernels(fn) -> list[tuple[str, int]]:
     """(name, device index) of every CUDA kernel (and memset or copy) that fn() launches, on any device."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -4,6 +4,7 @@ as the accuracy baseline the op has to match.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, U32, deterministic, fp16_split_reference, leaves, outputs_at_risk, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_cuda_pool, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -325,9 +326,12 @@ def test_layout_does_not_change_cpu_result(gen, case):
 )
 @pytest.mark.parametrize("method", METHODS)
 def test_k_zero_gives_zeros(device, gen, method, a_shape, b_shape):
+    """Every output element is written (zero), even though no kernel reads an operand: on CUDA the output is
+    carved from memory filled with NaN."""
     a = random_tensor(gen, a_shape, "normal", device)
     b = random_tensor(gen, b_shape, "normal", device)
-    out = corrected_matmul(a, b, method=method)
+    with poisoned_cuda_pool(float("nan")) if device == "cuda" else contextlib.nullcontext():
+        out = corrected_matmul(a, b, method=method)
     assert out.shape == torch.matmul(a, b).shape
     assert out.dtype == torch.float32 and out.is_contiguous()
     assert out.numel() > 0
@@ -1259,12 +1263,20 @@ def test_compile_reduce_overhead_cuda_graphs(gen):
             assert torch.equal(g, w)
 
 
-def test_has_cuda_kernels_matches_gpu_use(device):
-    """On a GPU the op must really run there (a CPU-only build would fail every CUDA test anyway)."""
-    out = corrected_matmul(torch.randn(2, 3, device=device), torch.randn(3, 2, device=device))
-    assert out.device.type == device
+def test_has_cuda_kernels_matches_gpu_use(device, gen):
+    """On a GPU the op really runs there: the build has the CUDA kernels, and (where the profiler records
+    kernels) the call launches a GEMM of this package on the tensors' device, not a copy to the CPU and back."""
+    a = random_tensor(gen, (20, 30), "normal", device)
+    b = random_tensor(gen, (30, 10), "normal", device)
+    out = corrected_matmul(a, b)
+    assert out.device == a.device
+    assert_matmul_within_dot_product_bound(out, a, b, device)
     if device == "cuda":
         assert torch_wmmae.has_cuda_kernels()
+        if profiler_records_kernels():
+            names = [name for name, index in launched_kernels(lambda: corrected_matmul(a, b))
+                     if index == a.device.index]
+            assert any("corrected_gemm" in name for name in names), names
 
 
 # --------------------------------------------------------------------------------------------------------

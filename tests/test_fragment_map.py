@@ -171,10 +171,24 @@ def test_sm80_register_layout_independent_of_memory_layout(key):
     assert torch.equal(row, col)
 
 
-def test_every_cuda_fragment_type_is_known():
-    """Sanity of the reference list itself: the 3 shapes x (half, bf16, int8, uint8) x (A, B), accumulators."""
-    assert len(NUM_ELEMENTS) == 3 * 4 * 2 + 3 * 3 + 3 + 3
-    assert len(SM80_FRAGMENTS) == 2 * (3 * 4 * 2 + 2 + 2) + 3 * 3 + 1 + 1
+@pytest.mark.parametrize("use", ["matrix_a", "matrix_b", "accumulator"])
+def test_fragment_map_takes_exactly_the_fragment_types_of_mma_h(use):
+    """Over every shape and element type that <mma.h> uses anywhere, fragment_map(arch=80) gives a table of
+    frag.num_elements entries per lane exactly for the fragment types that <mma.h> declares (NUM_ELEMENTS),
+    and names the fragment in its error for every other combination."""
+    shapes = [(16, 16, 16), (32, 8, 16), (8, 32, 16), (16, 16, 8), (8, 8, 4)]
+    dtypes = ["half", "bf16", "tf32", "int8", "uint8", "double", "float", "int32"]
+    layouts = [None] if use == "accumulator" else ["row_major", "col_major"]
+    accepted = 0
+    for (m, n, k), dt, layout in itertools.product(shapes, dtypes, layouts):
+        key = (use, m, n, k, dt)
+        if key in NUM_ELEMENTS:
+            assert fragment_map(*key, layout, arch=80).shape == (32, NUM_ELEMENTS[key], 2), key
+            accepted += 1
+        else:
+            with pytest.raises(RuntimeError, match=f"CUDA has no WMMA fragment {use} m{m}n{n}k{k} {dt}"):
+                fragment_map(*key, layout, arch=80)
+    assert accepted == len(layouts) * sum(key[0] == use for key in NUM_ELEMENTS)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -189,6 +203,8 @@ def _read_table2():
 
 
 def test_sm70_matrix_a_col_major_reproduces_table2():
+    """The analytic sm_70 table against the data file: the paper's quoted entries (checked here verbatim) and
+    the lanes derived from the structure the paper states (see the file's header for their provenance)."""
     table2 = _read_table2()
     # The lanes quoted verbatim from the paper.
     assert table2[0].tolist() == [0, 1, 2, 3, 64, 65, 66, 67, 128, 129, 130, 131, 192, 193, 194, 195]
