@@ -191,6 +191,48 @@ def test_matmul_more_than_65535_batch_entries(method):
     assert_matmul_within_dot_product_bound(out, a, b, what=f"method={method}: ")
 
 
+FALLBACK_BATCH = 2**29 + 1000  # one tile each, 4 quadrants: 2^31 + 4000 items of the float32 fallback
+
+
+def test_matmul_float32_fallback_beyond_2_31_items():
+    """(g) The tf32 split's float32 fallback claims (batch entry, tile, quadrant) items from one counter: with
+    2^29 + 1000 batch entries of 1 x 2 @ 2 x 1 whose rows span 2^160 (every tile beyond the split's limits,
+    so every item is checked) it counts past 2^31. Where b's second element is 0 the output is the product of
+    a's 2^-100-sized element alone, which the split keeps to 22 bits: nearly all such outputs are too small to
+    absorb that, and the fallback computes them again, as float32 does (correctly rounded). Such entries lie
+    throughout the batch, the last ones included. Checked: every output against float64; the share of exact
+    lone products (99.96% on the CPU; 64% where the split keeps them, in rows spanning 2^140); the last
+    entries' bits against the CPU implementation, which makes the same decisions one entry at a time."""
+    batch = FALLBACK_BATCH
+    require_free(36 * GB)  # a, b, the output, the workspace's line ranges (12 B per line), float64 chunks
+    gen = cuda_gen(7)
+    a = torch.empty(batch, 1, 2, device="cuda")
+    a[..., 0].uniform_(1, 2, generator=gen).mul_(2.0**-100)
+    a[..., 1].uniform_(-2, 2, generator=gen).mul_(2.0**60)
+    b = torch.empty(batch, 2, 1, device="cuda").uniform_(-2, 2, generator=gen)
+    alone = torch.rand(batch, device="cuda", generator=gen) < 0.01
+    alone[-100:] = True
+    b[alone, 1, 0] = 0.0
+    out = corrected_matmul(a, b, method="tf32")
+    assert out.shape == (batch, 1, 1)
+    k = 2
+    for start in range(0, batch, 2**26):
+        z = slice(start, min(start + 2**26, batch))
+        a64, b64 = a[z].double(), b[z].double()
+        ref = torch.matmul(a64, b64)
+        err = (out[z].double() - ref).abs()
+        bound = (k + 16) * U32 * torch.matmul(a64.abs(), b64.abs())
+        bad = ~(err <= bound)
+        assert not bad.any().item(), f"{int(bad.sum())} outputs outside (K+16)u|a||b| in entries {z.start}..{z.stop}"
+        del a64, b64, ref, err, bound, bad
+    lone = alone.nonzero().squeeze(1)
+    exact = out[lone, 0, 0] == (a[lone, 0, 0].double() * b[lone, 0, 0].double()).float()
+    assert exact.double().mean().item() >= 0.99, f"{int((~exact).sum())} of {lone.numel()} lone products not exact"
+    last = torch.cat([lone[-1000:], torch.arange(batch - 1000, batch, device="cuda")]).unique()
+    cpu = corrected_matmul(a[last].cpu(), b[last].cpu(), method="tf32")
+    assert torch.equal(out[last].cpu(), cpu), "the last entries' outputs against the CPU implementation"
+
+
 # --------------------------------------------------------------------------------------------------------
 # batched_outer
 # --------------------------------------------------------------------------------------------------------

@@ -460,7 +460,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       continue;
     }
     // A tile beyond the split's limits: float32_fallback_kernel checks its outputs after this kernel.
-    if (kTf32 && lines.beyond_split_limit && threadIdx.x == 0) *args.wide_tiles_pending = 1;
+    if (kTf32 && lines.beyond_split_limit && threadIdx.x == 0) *args.wide_tiles_pending = 1ull;
     if (threadIdx.x == 0) {
       float* origin = args.c + (z * m + m0) * n + n0;
       const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
       if (M == Method::fp16 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       continue;
     }
-    if (M == Method::tf32 && lines.beyond_split_limit && threadIdx.x == 0) *args.wide_tiles_pending = 1;
+    if (M == Method::tf32 && lines.beyond_split_limit && threadIdx.x == 0) *args.wide_tiles_pending = 1ull;
 
     const bool a_vec4 = vec4_operand(a, kARowMajor ? args.a_rs : args.a_ks);
     const bool b_vec4 = vec4_operand(b, kBRowMajor ? args.b_ks : args.b_cs);

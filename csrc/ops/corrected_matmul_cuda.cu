@@ -125,8 +125,9 @@ struct GemmArgs {
   int* tf32_tiles_pending;
   // tf32 and auto: set to 1 by the tf32 kernel when it computes a tile beyond tf32_spans_fit, whose outputs
   // float32_fallback_kernel (launched after it) checks; that kernel returns at once while it is 0, and
-  // otherwise counts on from 1 the items that its blocks claim.
-  int* wide_tiles_pending;
+  // otherwise counts on from 1 the items that its blocks claim (64 bits: a batch of 2^29 single tiles has
+  // 2^31 items).
+  unsigned long long* wide_tiles_pending;
   // Split-K: blockIdx.y takes K elements [y * k_per_split, (y + 1) * k_per_split). With more than one split
   // the output starts zeroed and every chunk result is added with an fp32 atomic (no workspace).
   int k_splits;
@@ -834,19 +835,23 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #else
   const bool resident = false;
 #endif
-  // Three int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each:
-  // A's rows as [batch][m] first, then B's columns as [batch][n]; then auto's tf32_tiles_pending and
-  // wide_tiles_pending; then the resident pre-pass's counts per batch entry, its next item and its SM claims
-  // (ResidentPrepassArgs).
+  // In int words: the 64-bit wide_tiles_pending (words 0-1, 8-byte aligned as the allocation is), auto's
+  // tf32_tiles_pending (word 2) and one unused word, so that the line ranges start 16-byte aligned; then three
+  // int arrays (max exponent, min exponent, non-finite flag) of batch * (m + n) entries each: A's rows as
+  // [batch][m] first, then B's columns as [batch][n]; then the resident pre-pass's counts per batch entry, its
+  // next item and its SM claims (ResidentPrepassArgs).
+  constexpr std::int64_t kFlagWords = 4;
   const std::int64_t per = plan.batch * (plan.m + plan.n);
   const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
   // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
   // host 1.4-12 us more per call: H200, two same-build pairs of runs).
-  const at::Tensor ranges = at::empty({3 * per + 2 + resident_words}, a.options().dtype(at::kInt));  // see RangeArrays
-  int* base = ranges.data_ptr<int>();
-  launch_zero_workspace(base, ranges.numel(), sm_count, kernels.overlap_launches, stream);
-  args.tf32_tiles_pending = base + 3 * per;
-  args.wide_tiles_pending = base + 3 * per + 1;
+  const at::Tensor workspace = at::empty({kFlagWords + 3 * per + resident_words}, a.options().dtype(at::kInt));
+  int* const flags = workspace.data_ptr<int>();
+  TORCH_INTERNAL_ASSERT(reinterpret_cast<std::uintptr_t>(flags) % 16 == 0, "corrected_matmul: workspace alignment");
+  launch_zero_workspace(flags, workspace.numel(), sm_count, kernels.overlap_launches, stream);
+  args.wide_tiles_pending = reinterpret_cast<unsigned long long*>(flags);
+  args.tf32_tiles_pending = flags + 2;
+  int* const base = flags + kFlagWords;  // see RangeArrays
   const std::int64_t a_block = plan.batch * plan.m;
   args.a_ranges = RangeArrays{base, base + per, base + 2 * per};
   args.b_ranges = RangeArrays{base + a_block, base + per + a_block, base + 2 * per + a_block};
@@ -854,7 +859,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   const LinesArgs b_lines{args.b, plan.n, plan.k, args.b_cs, args.b_ks, args.batch, true, args.b_ranges, plan.batch};
 #ifdef WMMAE_HAS_SM90A
   if (resident) {
-    prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per + 2, sm_count,
+    prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per, sm_count,
                                                stream, resident_maps);
     if (prepass_launched) gemm_maps = &resident_maps;
   }

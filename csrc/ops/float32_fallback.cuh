@@ -264,7 +264,7 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
   constexpr int kNoShift = 0x40000000;
   allow_dependent_grid();  // the next call's zeroing
   wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending
-  if (*args.wide_tiles_pending == 0) return;
+  if (*args.wide_tiles_pending == 0ull) return;
   const std::int64_t m = args.m, n = args.n, tiles = gemm_tiles(m, n);
   const int log2_k = ceil_log2(args.k), chunk = accumulation_chunk(m, n);
   // Items: quadrant fastest, then tile, then batch entry.
@@ -272,7 +272,7 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
   for (;;) {
     __syncthreads();  // everyone has read the last item and is done with its job
     if (threadIdx.x == 0) {
-      claimed = atomicAdd(args.wide_tiles_pending, 1) - 1;
+      claimed = static_cast<std::int64_t>(atomicAdd(args.wide_tiles_pending, 1ull)) - 1;
       widest[0] = widest[1] = 0;
     }
     __syncthreads();
