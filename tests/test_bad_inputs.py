@@ -336,10 +336,15 @@ def test_fragment_map_on_cuda_without_cuda_kernels(gen):
 @pytest.mark.skipif(not torch_wmmae.has_cuda_kernels() or torch.cuda.is_available(),
                     reason="a build with the CUDA kernels on a machine without a GPU (as CI)")
 @pytest.mark.parametrize("where", ["cuda", "cuda:0"])
-def test_fragment_map_on_cuda_without_a_gpu(gen, where):
-    """The CUDA kernels are built but there is no GPU to measure: the error names the device argument."""
-    _expect(RuntimeError, r"argument 'device' is cuda(:0)?, but this machine has 0 CUDA device",
-            lambda: fragment_map(*GOOD, device=where), "cpu", gen)
+@pytest.mark.parametrize("entry", ["python", "raw_op"])
+def test_fragment_map_on_cuda_without_a_gpu(gen, where, entry):
+    """The CUDA kernels are built but there is no GPU to measure: the error names the device argument, also
+    through the raw op (as LibTorch calls it), where "cuda" comes without an index."""
+    if entry == "python":
+        call = lambda: fragment_map(*GOOD, device=where)  # noqa: E731
+    else:
+        call = lambda: torch.ops.wmmae.fragment_map(*GOOD, None, torch.device(where))  # noqa: E731
+    _expect(RuntimeError, r"argument 'device' is cuda(:0)?, but this machine has 0 CUDA device", call, "cpu", gen)
 
 
 # --------------------------------------------------------------------------------------------------------

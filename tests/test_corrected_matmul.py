@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+from unittest import mock
 
 import pytest
 import torch
@@ -1619,3 +1621,27 @@ def test_stream_k_shares(tiles, k_stages, blocks):
         assert starts == equal_starts
     with pytest.raises(RuntimeError, match="'blocks' must be positive"):
         torch.ops.wmmae._stream_k_shares(tiles, k_stages, 0)
+
+
+def test_plan_ops_reject_sizes_they_cannot_plan():
+    """The planning ops that tests and benchmarks call directly reject an empty product (which the CUDA op
+    never plans: it returns before) and sizes whose counts would overflow 64 bits, with errors naming the
+    arguments, instead of dividing by zero, looping for hours or wrapping around."""
+    grid, shares = torch.ops.wmmae._corrected_matmul_grid, torch.ops.wmmae._stream_k_shares
+    for m, n, batch in [(0, 128, 1), (128, 0, 1), (128, 128, 0)]:
+        with pytest.raises(RuntimeError, match="'m', 'n' and 'batch' must be positive"):
+            grid(m, n, 1024, batch, 132)
+    for m, n, k, batch in [(2**62, 2**62, 1024, 1), (2**40, 2**40, 1024, 2**10), (1, 1, 2**63 - 1, 1)]:
+        with pytest.raises(RuntimeError, match=r"times 'batch', and 'k', must be at most 2\^62"):
+            grid(m, n, k, batch, 132)
+    # Problems as large as operands and outputs on a GPU can be plan, stream-K or not: a 2^32-entry batch of dot
+    # products of 2^30 (operands broadcast), a 2^17 x 2^17 output of K = 2^17, one tile of K = 2^35.
+    with mock.patch.dict(os.environ, {"TORCH_WMMAE_STREAM_K": "1"}):
+        assert grid(1, 1, 2**30, 2**32, 132)[3] == 0  # (its units times the SMs overflow 2^62: no stream-K)
+        assert grid(128, 128, 2**35, 1, 132)[3] == 132
+    assert grid(1, 1, 2**30, 2**32, 132)[0] == 1 and grid(2**17, 2**17, 2**17, 1, 132)[0] == 2**20
+    assert grid(128, 128, 0, 1, 132)[:3] == [1, 1, 1]  # K = 0 plans (one tile, no split)
+    with pytest.raises(RuntimeError, match=r"'blocks' must be at most 2\^20"):
+        shares(1, 1, 2**62)
+    with pytest.raises(RuntimeError, match=r"blocks must be at most 2\^62"):
+        shares(2**62, 2**62, 3)

@@ -90,11 +90,13 @@ at::Tensor fragment_map_cuda(c10::string_view use, std::int64_t m, std::int64_t 
   TORCH_CHECK(!arch.has_value(), "fragment_map: pass either arch= (analytic table) or device= (measure the GPU), "
               "not both");
   TORCH_CHECK(device.has_value() && device->is_cuda(), "fragment_map: the CUDA kernel needs a CUDA device");
+  // Checked here rather than by the device guard or the CUDA runtime, whose errors would be less clear.
+  const int devices = static_cast<int>(c10::cuda::device_count());
+  TORCH_CHECK(devices > 0, "fragment_map: argument 'device' is ", *device, ", but this machine has 0 CUDA device(s)");
   // "cuda" without an index means the current device.
   const at::Device dev = device->has_index() ? *device : at::Device(at::kCUDA, c10::cuda::current_device());
-  // Checked here rather than by the device guard, whose CUDA error would be a less clear message.
-  TORCH_CHECK(dev.index() < c10::cuda::device_count(), "fragment_map: argument 'device' is ", dev,
-              ", but this machine has ", static_cast<int>(c10::cuda::device_count()), " CUDA device(s)");
+  TORCH_CHECK(dev.index() < devices, "fragment_map: argument 'device' is ", dev, ", but this machine has ", devices,
+              " CUDA device(s)");
   const c10::cuda::CUDAGuard guard(dev);
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(prop->major >= 8, "fragment_map: measuring needs compute capability 8.0 or newer, ", dev.str(),

@@ -7,6 +7,7 @@
 #include <ATen/ExpandUtils.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace wmmae_ops {
 
@@ -265,6 +266,9 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t m, std::int64_t n,
                              int sms, StreamK policy) {
   if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
   const std::int64_t k_stages = gemm_k_stages(k);
+  // stream_k_share multiplies a block index by all units of work (and the gap after each tile): past 2^62 the
+  // grid runs instead (such work would take the GPU years).
+  if (static_cast<double>(tiles) * static_cast<double>(k_stages + kStreamKCrossingStages) * sms > 0x1p62) return 0;
   const std::int64_t blocks = std::min<std::int64_t>(sms, tiles * k_stages / kMinStreamKStages);
   if (blocks < 2) return 0;
   if (policy == StreamK::kAlways) return blocks;
@@ -305,9 +309,17 @@ std::int64_t persistent_batch_slots(const GemmGrid& grid, std::int64_t batch, st
 
 GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t sm_count,
                         std::int64_t l2_bytes) {
-  TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "plan_gemm_grid: sizes must be non-negative");
+  TORCH_CHECK(m >= 1 && n >= 1 && batch >= 1 && k >= 0, "plan_gemm_grid: arguments 'm', 'n' and 'batch' must be "
+              "positive and 'k' non-negative (an empty product launches no GEMM), got ", m, ", ", n, ", ", batch,
+              " and ", k);
   TORCH_CHECK(sm_count > 0 && sm_count < (1 << 20), "plan_gemm_grid: argument 'sm_count' must be a positive SM "
               "count, got ", sm_count);
+  // An output has at least one element per tile and batch entry, so a tensor's would never fail this; it keeps
+  // the plan's counts of tiles within 64 bits (stream-K's larger products are bounded in stream_k_blocks).
+  TORCH_CHECK(std::ceil(static_cast<double>(m) / kGemmTile) * std::ceil(static_cast<double>(n) / kGemmTile) *
+                      static_cast<double>(batch) <= 0x1p62 && k <= (std::int64_t{1} << 62),
+              "plan_gemm_grid: the output's 128x128 tiles times 'batch', and 'k', must be at most 2^62, got m = ", m,
+              ", n = ", n, ", k = ", k, ", batch = ", batch);
   TORCH_CHECK(l2_bytes >= 0, "plan_gemm_grid: argument 'l2_bytes' must be non-negative, got ", l2_bytes);
   const int forced_splits = positive_env_int("TORCH_WMMAE_K_SPLITS", "splits of K", kMaxGridYZ);
   GemmGrid grid{};
@@ -359,6 +371,12 @@ int long_k_splits(std::int64_t k, std::int64_t l2_bytes) {
 std::vector<std::int64_t> stream_k_shares(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks) {
   TORCH_CHECK(tiles > 0 && k_stages > 0 && blocks > 0, "stream_k_shares: arguments 'tiles', 'k_stages' and "
               "'blocks' must be positive, got ", tiles, ", ", k_stages, ", ", blocks);
+  // The CUDA op runs at most one block per SM; stream_k_share multiplies a block index by all units.
+  TORCH_CHECK(blocks <= (1 << 20), "stream_k_shares: argument 'blocks' must be at most 2^20, got ", blocks);
+  TORCH_CHECK(static_cast<double>(tiles) * static_cast<double>(k_stages + kStreamKCrossingStages) *
+                      static_cast<double>(blocks) <= 0x1p62,
+              "stream_k_shares: tiles x (k_stages + ", kStreamKCrossingStages, ") x blocks must be at most 2^62, got ",
+              tiles, ", ", k_stages, " and ", blocks);
   const std::int64_t gap = stream_k_gap(tiles, k_stages, blocks);
   std::vector<std::int64_t> starts(blocks + 1);
   for (std::int64_t b = 0; b <= blocks; ++b) starts[b] = stream_k_share(b, blocks, tiles, k_stages, gap);
