@@ -101,6 +101,18 @@ def test_alpha_cancelling_the_diagonal_product(device, dtype):
     assert torch.equal(got.cpu(), want), (got, want)
 
 
+def test_float32_diagonal_rounded_once(device):
+    """float32 inputs: the diagonal u_i v_i + alpha is rounded once to float32, as fmaf rounds it. Here
+    u v = 64 + 2^-40 exactly, and with alpha = 2^30 the exact sum lies 2^-40 above the midpoint between two
+    float32 values: rounded once it goes up (2^30 + 128); summed in float64 first it lands on the midpoint and
+    then rounds to even (2^30), an ulp too low."""
+    u = torch.tensor([[8392705 * 2.0**-23]], device=device)
+    v = torch.tensor([[16769026 * 2.0**-18]], device=device)
+    assert u.double() * v.double() == 64 + 2.0**-40
+    out = batched_outer(u, v, alpha=2.0**30)
+    assert out.item() == 2.0**30 + 128
+
+
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_alpha_where_float32_cannot_hold_the_product(device, dtype):
     """On the GPU a diagonal element is the mma's product plus alpha where that product is exact in float32
