@@ -48,6 +48,8 @@ MISUSES = {
     "unmeasured_layout_on_sm75": (2, 75, "is not known for the architecture being compiled"),
     "multi_load_of_different_layouts": (3, 90, "all fragments must share one register layout"),
     "accumulator_in_multi_load": (4, 90, "load an accumulator with load_matrix_with_op(frag, ptr, ldm, layout, op)"),
+    "accumulator_after_an_operand_in_multi_load": (7, 90, "load_matrices_with_op takes operands (matrix_a, matrix_b) "
+                                                          "only; load an accumulator with load_matrix_with_op"),
     "not_a_fragment": (5, 90, "this argument must be an nvcuda::wmma::fragment"),
     "sub_byte_fragment": (6, 90, "fragments of this element type are not supported"),
 }

@@ -188,8 +188,9 @@ __device__ __forceinline__ void make_identity(Frag& frag, float alpha) {
 
 // v * scale as an S, rounded as convert<S> rounds (integers: the exact product decides, ties to even); a plain copy
 // when neither a conversion nor a scaling is needed. The product is taken in double where either type is
-// double or an integer type (float would round f64 values, and integers above 2^24), in float otherwise (exact
-// for the 16-bit types).
+// double or an integer type (float would round f64 values, and integers above 2^24), in float otherwise. Where
+// that product is not exact (a scale of more than a few significant bits), a floating-point S gets it rounded
+// twice: to float (or double), then to S.
 template <class S, class T>
 __device__ __forceinline__ S scaled(T v, float scale) {
   if constexpr (std::is_same<S, T>::value) {
@@ -262,6 +263,11 @@ __device__ __forceinline__ void load_with_op(const T* ptr, unsigned ldm, bool ro
                                     T fill, Op&& op, Frag& first, Frags&... rest) {
   static_assert(same_layout<Frag, Frags...>::value,
                 "load_matrices_with_op: all fragments must share one register layout");
+  // (The first fragment is checked by operand_row_major, which chose the memory layout; an accumulator can
+  // share an operand's register layout, so the layouts alone do not catch it among the others.)
+  static_assert((true && ... && (fragment_traits<Frags>::order != Order::none)),
+                "wmmae: load_matrices_with_op takes operands (matrix_a, matrix_b) only; load an accumulator with "
+                "load_matrix_with_op(frag, ptr, ldm, layout, op)");
   foreach_ij(first, [&](auto xs, int i, int j) {
     T value = fill;
     if (bounds == nullptr || bounds->contains(i, j)) {

@@ -25,6 +25,11 @@ __global__ void misuse(const __half* p) {
 #elif MISUSE == 4  // an accumulator through the multi-fragment load (it has no memory layout of its own)
   wmma::fragment<wmma::accumulator, 16, 16, 16, __half> acc;
   wmmae::load_matrices_with_op(p, 16, [](__half, int, int, auto, auto&) {}, acc);
+#elif MISUSE == 7  // an accumulator after an operand of the same register layout in the multi-fragment load
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmmae::load_matrices_with_op(reinterpret_cast<const __nv_bfloat16*>(p), 16,
+                               [](__nv_bfloat16, int, int, auto, auto&, auto&) {}, a, acc);
 #elif MISUSE == 5  // something that is not a fragment
   int not_a_fragment = 0;
   wmmae::fill_zero(not_a_fragment);
