@@ -31,7 +31,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def reference_rows(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
-    """float64 product of the first `rows` rows (the error is measured on that slice for big problems)."""
+    """float64 product of the first `rows` rows: the errors are measured on those rows of a call of the timed
+    shape (a call of only those rows could take another schedule: split-K or stream-K, another order of sums)."""
     return torch.matmul(a[..., :rows, :].double(), b.double())
 
 
@@ -48,13 +49,16 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
     def timed(fn, host_ahead=True):
         return median_ms(lambda i: fn(a_sets[i], b_sets[i]), n_inputs=sets, reps=reps, host_ahead=host_ahead)
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    settle()
-    fp32_ms, fp32_call_ms = timed(torch.matmul), timed(torch.matmul, host_ahead=False)
-    fp32_err = rel_err(torch.matmul(a_sets[0][..., :rows, :], b_sets[0]), ref)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    tf32_ms = timed(torch.matmul)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        settle()
+        fp32_ms, fp32_call_ms = timed(torch.matmul), timed(torch.matmul, host_ahead=False)
+        fp32_err = rel_err(torch.matmul(a_sets[0], b_sets[0])[..., :rows, :], ref)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tf32_ms = timed(torch.matmul)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous_tf32
     # The launch grid of the CUDA GEMM for this problem (tiles x K splits, or the wgmma kernel's stream-K
     # blocks, or its persistent batched blocks), as the op chose it.
     props = torch.cuda.get_device_properties(0)
@@ -67,7 +71,7 @@ def bench_shape(m: int, n: int, k: int, batch: int, l2: int, reps: int, methods=
         ours = lambda a, b: torch_wmmae.corrected_matmul(a, b, method=method)  # noqa: E731
         settle()
         ms, call_ms = timed(ours), timed(ours, host_ahead=False)
-        err = rel_err(torch_wmmae.corrected_matmul(a_sets[0][..., :rows, :], b_sets[0], method=method), ref)
+        err = rel_err(torch_wmmae.corrected_matmul(a_sets[0], b_sets[0], method=method)[..., :rows, :], ref)
         out.append(dict(m=m, n=n, k=k, batch=batch, method=method, dist=dist, ms=ms, tflops=flop / ms / 1e9,
                         fp32_tflops=flop / fp32_ms / 1e9, tf32_tflops=flop / tf32_ms / 1e9,
                         speedup_vs_fp32=fp32_ms / ms, call_ms=call_ms, fp32_call_ms=fp32_call_ms,
