@@ -39,12 +39,21 @@ def cuda_arch_list(spec: str) -> list:
     return ["9.0a" + a[3:] if a.startswith("9.0") and not a.startswith("9.0a") else a for a in archs]
 
 
+def torch_release() -> str:
+    """The release of the installed torch (2.11.0 for 2.11.0+cu130)."""
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
 def want_cuda() -> bool:
     if os.environ.get("TORCH_WMMAE_CPU_ONLY", "0") == "1":
         return False
     import torch
 
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    # (torch sets CUDA_HOME wherever /usr/local/cuda exists, also in images with the CUDA runtime but no nvcc)
+    home = cpp_extension.CUDA_HOME
+    return torch.version.cuda is not None and home is not None and os.path.isfile(os.path.join(home, "bin", "nvcc"))
 
 
 def extension():
@@ -113,6 +122,8 @@ setup(
     package_data={"torch_wmmae": ["py.typed"]},  # (the API's annotations are for type checkers too: PEP 561)
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension},
-    python_requires=">=3.9",
-    install_requires=["torch"],
+    python_requires=">=3.10",  # (as torch 2.11)
+    # The extension belongs to the torch it was built against (see the README's top): pip then says so where
+    # another torch is installed over it.
+    install_requires=[f"torch=={torch_release()}"],
 )

@@ -31,8 +31,17 @@ def _run(cmd, **kw):
     return result.stdout
 
 
+def _nvcc_found() -> bool:
+    return cpp_extension.CUDA_HOME is not None and os.path.isfile(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+
+
 def _with_cuda() -> bool:
-    return torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None
+    return torch.cuda.is_available() and _nvcc_found()
+
+
+# torch's own CMake config needs the CUDA toolkit wherever torch is a CUDA build, even for a CPU-only library.
+pytestmark = [pytestmark, pytest.mark.skipif(torch.version.cuda is not None and not _nvcc_found(),
+                                             reason="a CUDA build of torch, whose CMake config needs nvcc")]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ at::Tensor batched_outer(const at::Tensor& u, const std::optional<at::Tensor>& v
 // int32 [32, num_elements, 2]: the (row, col) of each lane's frag.x[i]. Give exactly one of arch (analytic
 // table) and device (measured on that GPU).
 at::Tensor fragment_map(c10::string_view use, std::int64_t m, std::int64_t n, std::int64_t k, c10::string_view dtype,
-                        std::optional<c10::string_view> layout, std::optional<std::int64_t> arch,
-                        std::optional<at::Device> device = std::nullopt);
+                        std::optional<c10::string_view> layout = std::nullopt,
+                        std::optional<std::int64_t> arch = std::nullopt, std::optional<at::Device> device = std::nullopt);
 
 }  // namespace torch_wmmae
