@@ -14,6 +14,7 @@ import hashlib
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -38,6 +39,19 @@ U32 = 2.0 ** -24
 # PyTorch's nvcc flags against implicit half/bf16 conversions: code compiled by the tests must not rely on them.
 NO_IMPLICIT_HALF = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+
+
+def _find_nvcc() -> str | None:
+    """The nvcc of the toolkit that torch's extensions build with (CUDA_HOME/bin), else the one on PATH; None where
+    there is none (torch sets CUDA_HOME wherever /usr/local/cuda exists, also where it holds no nvcc)."""
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME and os.path.isfile(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")):
+        return os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+NVCC = _find_nvcc()
 
 
 def pytest_configure(config):

@@ -3,14 +3,12 @@
 reader, the paper table, and the CUDA microbenchmarks' builds."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
-from torch.utils import cpp_extension
 
-from conftest import NO_IMPLICIT_HALF, REPO_ROOT
+from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "paper"))
 
@@ -81,14 +79,13 @@ def test_paper_table_is_up_to_date(tmp_path):
     assert out.read_text() == committed.read_text(), "run benchmarks/paper/make_table.py"
 
 
-@pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="nvcc not found")
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("source", sorted(p.name for p in (REPO_ROOT / "benchmarks" / "micro").glob("*.cu")))
 def test_micro_benchmarks_compile(tmp_path, source):
     """The standalone CUDA microbenchmarks still build, warnings as errors, with PyTorch's flags against
     implicit half conversions (products_floor.cu uses the device library's splits, so a change there must
     keep it building); they run only on an H100/H200 by hand."""
-    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
-    result = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", *NO_IMPLICIT_HALF,
+    result = subprocess.run([NVCC, "-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", *NO_IMPLICIT_HALF,
                              "-Werror", "all-warnings", "-o", tmp_path / "micro",
                              REPO_ROOT / "benchmarks" / "micro" / source, "-ldl"],
                             capture_output=True, text=True)

@@ -13,11 +13,10 @@ import subprocess
 
 import pytest
 import torch
-from torch.utils import cpp_extension
 
 import torch_wmmae
 
-from conftest import NO_IMPLICIT_HALF, REPO_ROOT
+from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT
 
 BUILD = REPO_ROOT / "build" / "cpp"
 PREFIX = REPO_ROOT / "build" / "cpp-install"
@@ -31,16 +30,17 @@ def _run(cmd, **kw):
     return result.stdout
 
 
-def _nvcc_found() -> bool:
-    return cpp_extension.CUDA_HOME is not None and os.path.isfile(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
-
-
 def _with_cuda() -> bool:
-    return torch.cuda.is_available() and _nvcc_found()
+    return torch.cuda.is_available() and NVCC is not None
+
+
+def _toolkit_args() -> list:
+    """CMake's CUDA toolkit: the one of NVCC, so that torch's CMake config and the kernels use one toolkit."""
+    return [f"-DCUDAToolkit_ROOT={os.path.dirname(os.path.dirname(NVCC))}"] if NVCC else []
 
 
 # torch's own CMake config needs the CUDA toolkit wherever torch is a CUDA build, even for a CPU-only library.
-pytestmark = [pytestmark, pytest.mark.skipif(torch.version.cuda is not None and not _nvcc_found(),
+pytestmark = [pytestmark, pytest.mark.skipif(torch.version.cuda is not None and NVCC is None,
                                              reason="a CUDA build of torch, whose CMake config needs nvcc")]
 
 
@@ -48,9 +48,7 @@ pytestmark = [pytestmark, pytest.mark.skipif(torch.version.cuda is not None and 
 def cpp_build():
     prefix_path = torch.utils.cmake_prefix_path
     args = [f"-DCMAKE_PREFIX_PATH={prefix_path}", "-DCMAKE_BUILD_TYPE=Release"]
-    if cpp_extension.CUDA_HOME:
-        args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}",
-                 f"-DCMAKE_CUDA_COMPILER={os.path.join(cpp_extension.CUDA_HOME, 'bin', 'nvcc')}"]
+    args += _toolkit_args() + ([f"-DCMAKE_CUDA_COMPILER={NVCC}"] if NVCC else [])
     if _with_cuda():
         major, minor = torch.cuda.get_device_capability()
         args += ["-DTORCH_WMMAE_WITH_CUDA=ON", f"-DTORCH_CUDA_ARCH_LIST={major}.{minor}"]
@@ -67,14 +65,13 @@ def _readme_device_example() -> str:
     return re.search(r"```cuda\n(.*?)```", section, re.DOTALL)[1]
 
 
-@pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="nvcc not found")
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_device_library_is_installed(cpp_build, tmp_path):
     """The installed package has the device library's headers: README's example kernel compiles against them
     alone (with PyTorch's flags against implicit half conversions), warnings as errors."""
     source = tmp_path / "example.cu"
     source.write_text(_readme_device_example())
-    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
-    _run([nvcc, "-std=c++17", "-arch=sm_80", f"-I{PREFIX / 'include'}", *NO_IMPLICIT_HALF, "-Werror", "all-warnings",
+    _run([NVCC, "-std=c++17", "-arch=sm_80", f"-I{PREFIX / 'include'}", *NO_IMPLICIT_HALF, "-Werror", "all-warnings",
           "-c", source, "-o", tmp_path / "example.o"])
 
 
@@ -111,7 +108,7 @@ def test_hopper_build_has_the_sm90a_kernels(cpp_build):
     the portable WMMA kernels, and the same-bits test below would not notice (both kernels give the same bits)."""
     if not _with_cuda() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an H100/H200 (compute capability 9.0) and nvcc")
-    cuobjdump = os.path.join(cpp_extension.CUDA_HOME, "bin", "cuobjdump")
+    cuobjdump = os.path.join(os.path.dirname(NVCC), "cuobjdump")
     library = next(cpp_build.glob("libtorch_wmmae.so*"))
     elves = _run([cuobjdump, "--list-elf", library])
     assert "sm_90a" in elves, elves
@@ -137,8 +134,7 @@ def test_same_bits_as_python(cpp_build, tmp_path, device):
 def _build_against_installed_package(source: pathlib.Path, build: pathlib.Path, *cmake_args: str) -> None:
     """Configures and builds the CMake project `source` with find_package(torch_wmmae) from the installed package."""
     args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path};{PREFIX}", *cmake_args]
-    if cpp_extension.CUDA_HOME:
-        args += [f"-DCUDAToolkit_ROOT={cpp_extension.CUDA_HOME}"]
+    args += _toolkit_args()
     _run(["cmake", "-S", source, "-B", build, *args])
     _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
 

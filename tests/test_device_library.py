@@ -8,14 +8,13 @@
   map measured with load_matrix_sync, and the device forms of the fp16 splits against float64 arithmetic.
 """
 import os
-import shutil
 import subprocess
 
 import pytest
 import torch
 
 import torch_wmmae
-from conftest import NO_IMPLICIT_HALF, REPO_ROOT, fp16_split_reference
+from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT, fp16_split_reference
 from test_fragment_map import SM80_FRAGMENTS
 
 ROOT = str(REPO_ROOT)
@@ -26,16 +25,10 @@ CHECKS = ["foreach_ij coverage", "map inverse", "load_matrix_with_op(identity)",
           "row quads", "store_vector", "foreach_diagonal", "fill_zero", "integer results"]
 
 
-def _nvcc():
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    path = os.path.join(home, "bin", "nvcc")
-    return path if os.path.exists(path) else shutil.which("nvcc")
-
-
-@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", [75, 80, 86, 89, 90])
 def test_library_compiles_without_warnings(arch, tmp_path):
-    cmd = [_nvcc(), "-std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *NO_IMPLICIT_HALF, "-Werror", "all-warnings",
+    cmd = [NVCC, "-std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *NO_IMPLICIT_HALF, "-Werror", "all-warnings",
            "-Xcompiler", "-Wall,-Werror", "-c", os.path.join(DEVICE_DIR, "compile_check.cu"), "-o",
            str(tmp_path / "check.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -55,11 +48,11 @@ MISUSES = {
 }
 
 
-@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("case", list(MISUSES))
 def test_misuse_is_refused_at_compile_time(case, tmp_path):
     number, arch, message = MISUSES[case]
-    cmd = [_nvcc(), "-std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *NO_IMPLICIT_HALF, f"-DMISUSE={number}", "-c",
+    cmd = [NVCC, "-std=c++17", f"-arch=sm_{arch}", f"-I{CSRC}", *NO_IMPLICIT_HALF, f"-DMISUSE={number}", "-c",
            os.path.join(DEVICE_DIR, "misuse.cu"), "-o", str(tmp_path / "misuse.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     output = result.stdout + result.stderr
