@@ -22,7 +22,8 @@ CSRC = os.path.join(ROOT, "csrc")
 DEVICE_DIR = os.path.join(ROOT, "tests", "device")
 CHECKS = ["foreach_ij coverage", "map inverse", "load_matrix_with_op(identity)", "partial tile, odd ldm",
           "load_vector", "load_vector scaled", "make_identity", "store_matrix_with_op", "multi-fragment load",
-          "row quads", "store_vector", "foreach_diagonal", "fill_zero", "integer results"]
+          "row quads", "store_vector", "foreach_diagonal", "fill_zero", "integer results", "scale rounded once",
+          "wide alpha", "with_op ops used", "load_vector edges"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")

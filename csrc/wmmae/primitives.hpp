@@ -179,30 +179,58 @@ __device__ __forceinline__ void fill_zero(Frag& frag) {
 }
 
 // alpha * I (paper section 4.2): for accumulators (alpha*I + A*B in one mma) and for operands.
-template <class Frag>
-__device__ __forceinline__ void make_identity(Frag& frag, float alpha) {
+// alpha keeps its type until it is rounded to the storage type (a double alpha stays exact for f64 fragments).
+template <class Frag, class Alpha>
+__device__ __forceinline__ void make_identity(Frag& frag, Alpha alpha) {
   using S = typename fragment_traits<Frag>::storage_type;
   const S diagonal = convert<S>(alpha), zero = convert<S>(0.0f);
   foreach_ij(frag, [&](auto xs, int i, int j) { assign(frag, xs, i == j ? diagonal : zero); });
 }
 
-// v * scale as an S, rounded as convert<S> rounds (integers: the exact product decides, ties to even); a plain copy
-// when neither a conversion nor a scaling is needed. The product is taken in double where either type is
-// double or an integer type (float would round f64 values, and integers above 2^24), in float otherwise. Where
-// that product is not exact (a scale of more than a few significant bits), a floating-point S gets it rounded
-// twice: to float (or double), then to S.
-template <class S, class T>
-__device__ __forceinline__ S scaled(T v, float scale) {
-  if constexpr (std::is_same<S, T>::value) {
-    if (scale == 1.0f) return v;
-  }
-  if constexpr (detail::is_wide<S> || detail::is_wide<T>) {
+namespace detail {
+
+// Scales: floating-point or integers of up to 32 bits (double holds those exactly).
+template <class Scale>
+constexpr bool is_scale = std::is_floating_point<Scale>::value || (std::is_integral<Scale>::value && sizeof(Scale) <= 4);
+
+// a * b rounded to odd: truncated, with its last bit set where the product is inexact. Rounding that once more
+// to a type of at least two significant bits fewer gives a * b rounded once (Boldo and Melquiond's round-to-odd),
+// which rounding a to-nearest product again does not (a tie made by the first rounding). The product is exact
+// where rounding up and rounding down agree; infinities and NaN pass through.
+__device__ __forceinline__ float product_rounded_to_odd(float a, float b) {
+  const float truncated = __fmul_rz(a, b);
+  if (__fmul_ru(a, b) == __fmul_rd(a, b) || !isfinite(truncated)) return truncated;
+  return __int_as_float(__float_as_int(truncated) | 1);
+}
+__device__ __forceinline__ double product_rounded_to_odd(double a, double b) {
+  const double truncated = __dmul_rz(a, b);
+  if (__dmul_ru(a, b) == __dmul_rd(a, b) || !isfinite(truncated)) return truncated;
+  return __longlong_as_double(__double_as_longlong(truncated) | 1ll);
+}
+
+}  // namespace detail
+
+// v * scale as an S, the exact product rounded once as convert<S> rounds (floating point: to nearest, ties to
+// even; integers: ties to even, saturated, NaN -> 0); convert<S>(v) where the scale is 1. Exact products of float-sized operands are formed in float (as float results), in double where either
+// operand is wider; where the product is not exact in that type, it is rounded to odd first (see above), or for
+// integer results its rounding error decides the ties.
+template <class S, class T, class Scale = float>
+__device__ __forceinline__ S scaled(T v, Scale scale) {
+  static_assert(detail::is_scale<Scale>, "wmmae: a scale is a floating-point value or an integer of up to 32 bits");
+  if (scale == Scale(1)) return convert<S>(v);  // (folds away where the scale is a constant)
+  if constexpr (std::is_integral<S>::value) {
     const double a = detail::to_double(v), b = static_cast<double>(scale);
     const double product = a * b;
-    if constexpr (std::is_integral<S>::value) return detail::to_integer<S>(product, fma(a, b, -product));
-    else return convert<S>(product);
+    return detail::to_integer<S>(product, fma(a, b, -product));
+  } else if constexpr (std::is_same<S, double>::value) {
+    return detail::to_double(v) * static_cast<double>(scale);  // rounded once, in double itself
+  } else if constexpr (detail::is_wide<T> || detail::is_wide<Scale>) {
+    // (convert rounds a double once, also to 16 bits: cvt.rn.f16.f64, and bf16's own round-to-odd before sm_90)
+    return convert<S>(detail::product_rounded_to_odd(detail::to_double(v), static_cast<double>(scale)));
+  } else if constexpr (std::is_same<S, float>::value) {
+    return to_float(v) * static_cast<float>(scale);  // rounded once, in float itself
   } else {
-    return convert<S>(to_float(v) * scale);
+    return convert<S>(detail::product_rounded_to_odd(to_float(v), static_cast<float>(scale)));
   }
 }
 
@@ -218,8 +246,8 @@ constexpr VectorAs default_vector_placement() {
 // The tile with ptr[0..count) * scale in its first column (or row) and zeros elsewhere, without a
 // zero-padded tile in memory (paper section 4.1). Element e is read at ptr[e * stride]; elements past
 // `count` are zero; only the lanes that hold the vector read memory, with no alignment requirement.
-template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>()>
-__device__ __forceinline__ void load_vector(Frag& frag, const T* ptr, int count, float scale = 1.0f, long long stride = 1) {
+template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>(), class Scale = float>
+__device__ __forceinline__ void load_vector(Frag& frag, const T* ptr, int count, Scale scale = 1.0f, long long stride = 1) {
   using S = typename fragment_traits<Frag>::storage_type;
   const S zero = convert<S>(0.0f);
   foreach_ij(frag, [&](auto xs, int i, int j) {
@@ -232,8 +260,8 @@ __device__ __forceinline__ void load_vector(Frag& frag, const T* ptr, int count,
 }
 
 // Writes the first column (or row) of a fragment to ptr[0..count): each element once.
-template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>()>
-__device__ __forceinline__ void store_vector(T* ptr, const Frag& frag, int count, float scale = 1.0f) {
+template <class Frag, class T, VectorAs Placement = default_vector_placement<Frag>(), class Scale = float>
+__device__ __forceinline__ void store_vector(T* ptr, const Frag& frag, int count, Scale scale = 1.0f) {
   foreach_ij(frag, [&](auto xs, int i, int j) {
     const int along = Placement == VectorAs::column0 ? i : j;
     const int across = Placement == VectorAs::column0 ? j : i;

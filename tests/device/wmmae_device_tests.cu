@@ -35,6 +35,11 @@ enum Check {
   kFillZero,            // fill_zero over a fragment of non-zero values == fill_fragment(0)
   kIntegerResults,      // integer results of load_vector/store_vector: nearest (ties to even, by the exact
                         // product), saturated, NaN -> 0; references in integer arithmetic
+  kScaleRoundedOnce,    // load_vector/store_vector products that float or double would round onto a tie: the exact
+                        // product rounded once (float and double scales; references worked out in exact arithmetic)
+  kWideAlpha,           // make_identity with a double alpha rounded once to the storage type, not through float
+  kWithOpUsed,          // load/store_matrix_with_op apply a non-identity op, accumulators in column-major memory
+  kLoadVectorEdges,     // load_vector: count 0, count past the tile, a negative stride, infinities
   kNumChecks
 };
 
@@ -369,6 +374,141 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     });
     __syncwarp();
     for (int idx = lane; idx < R * C; idx += 32) err[kRowQuads] += visits[(idx / C) * 32 + idx % C] != 1;
+  }
+
+  // --- Rounding of scaled vectors and of alpha, ops that are used, load_vector's edges ---
+  // Reference for load_vector: `tile` holds value_of(e) along the first column (A, accumulators) or row (B).
+  constexpr bool kVectorColumn = Tr::use != Use::matrix_b;
+  constexpr int kVectorLength = kVectorColumn ? R : C;
+  auto load_vector_reference = [&](Frag& out, auto value_of) {
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+      const int along = kVectorColumn ? i : j, across = kVectorColumn ? j : i;
+      tile[idx] = across == 0 && along < kVectorLength ? value_of(along) : from_int<Mem>(0);
+    }
+    __syncwarp();
+    load_ref(out, tile, kLd);
+  };
+  const Mem zero = from_int<Mem>(0);
+
+  // Products that a first rounding (to float, or to double) puts on a tie of the destination type; the values
+  // were found, and their correctly rounded products worked out, in exact rational arithmetic.
+  if constexpr (std::is_same<Mem, __half>::value || std::is_same<Mem, __nv_bfloat16>::value) {
+    constexpr bool kHalf = std::is_same<Mem, __half>::value;
+    const float v[1] = {kHalf ? 1611.0f / 1024.0f : 217.0f / 128.0f};
+    const float scale = kHalf ? 4041997.0f * 0x1p-21f : 949517.0f * 0x1p-19f;
+    const Mem expected = wmmae::convert<Mem>(kHalf ? 3.033203125f : 3.078125f);  // (float: 3.03125, 3.0625)
+    load_vector_reference(ref, [&](int e) { return e == 0 ? expected : zero; });
+    wmmae::load_vector(got, v, 1, scale);
+    err[kScaleRoundedOnce] += count_mismatch(ref, got);
+    wmmae::load_vector(got, v, 1, static_cast<double>(scale));
+    err[kScaleRoundedOnce] += count_mismatch(ref, got);
+  }
+  if constexpr (std::is_same<typename Tr::storage_type, float>::value) {  // tf32 operands, float accumulators
+    const float v[1] = {1.5625f};
+    const double scale = 0x1.94f58e147ae14p-1;                            // (double first: 0x1.3c5fd8p+0)
+    load_vector_reference(ref, [&](int e) { return e == 0 ? 0x1.3c5fd6p+0f : 0.0f; });
+    wmmae::load_vector(got, v, 1, scale);
+    err[kScaleRoundedOnce] += count_mismatch(ref, got);
+  }
+  if constexpr (Tr::use == Use::accumulator && std::is_same<Mem, int>::value) {
+    // 1619001343 * (1 + 2^-23) to float (double first: 1619001600).
+    __shared__ float stored[2];
+    Frag acc;
+    wmmae::foreach(acc, [&](int x, int i, int j) { acc.x[x] = i == 0 && j == 0 ? 1619001343 : 1; });
+    if (lane < 2) stored[lane] = 99.0f;
+    __syncwarp();
+    wmmae::store_vector<Frag, float, wmmae::VectorAs::column0>(stored, acc, 1, 1.0f + 0x1p-23f);
+    __syncwarp();
+    err[kScaleRoundedOnce] += lane == 0 && (stored[0] != 1619001472.0f || stored[1] != 99.0f);
+  }
+
+  // make_identity with a double alpha just off a tie of the storage type (through float it would be the tie).
+  {
+    using S = typename Tr::storage_type;
+    double alpha, expected;
+    if constexpr (std::is_same<S, double>::value) alpha = expected = 3.0 + 0x1p-40;
+    else if constexpr (std::is_same<S, __half>::value) alpha = 1.0 + 0x1p-11 + 0x1p-40, expected = 1.0 + 0x1p-10;
+    else if constexpr (std::is_same<S, __nv_bfloat16>::value) alpha = 1.0 + 0x1p-8 + 0x1p-40, expected = 1.0 + 0x1p-7;
+    else if constexpr (std::is_same<S, float>::value) alpha = 1.0 + 0x1p-24 + 0x1p-40, expected = 1.0 + 0x1p-23;
+    else alpha = 2.5 + 0x1p-40, expected = 3.0;  // integers: nearest, not the tie's even 2
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+      tile[idx] = i == j ? wmmae::convert<Mem>(expected) : zero;
+    }
+    __syncwarp();
+    load_ref(ref, tile, kLd);
+    wmmae::make_identity(got, alpha);
+    err[kWideAlpha] += count_mismatch(ref, got);
+  }
+
+  // Ops that change the values: element (i, j) of the loaded fragment is 2 * memory + 1 (exact small integers).
+  {
+    auto twice_plus_one = [](Mem v) { return 2.0 * as_double(v) + 1.0; };
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = value_at<Mem>(seed + 5, idx);
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) tile[idx] = wmmae::convert<Mem>(twice_plus_one(src[idx]));
+    __syncwarp();
+    if constexpr (Tr::use == Use::accumulator) {
+      // Column-major memory: (i, j) at j * kLd + i.
+      wmma::load_matrix_sync(ref, tile, kLd, wmma::mem_col_major);
+      wmmae::load_matrix_with_op(got, static_cast<const Mem*>(src), kLd, wmma::mem_col_major, twice_plus_one);
+    } else {
+      load_ref(ref, tile, kLd);
+      wmmae::load_matrix_with_op(got, static_cast<const Mem*>(src), kLd, twice_plus_one);
+    }
+    err[kWithOpUsed] += count_mismatch(ref, got);
+  }
+  if constexpr (Tr::use == Use::accumulator) {
+    // Stored column-major through op(v, i, j) = 2v + i - j, every element inside the bounds.
+    Frag acc;
+    wmmae::foreach(acc, [&](int x, int i, int j) { acc.x[x] = from_int<Mem>((i * 3 + j * 7 + static_cast<int>(seed % 89u)) % 19 - 9); });
+    __syncwarp();
+    wmma::store_matrix_sync(tile, acc, kLd, wmma::mem_row_major);
+    for (int idx = lane; idx < kLd * kLd; idx += 32) odd[idx] = from_int<Mem>(99);
+    __syncwarp();
+    wmmae::store_matrix_with_op(odd, acc, kLd, wmma::mem_col_major, wmmae::TileBounds{R, C},
+                                [](Mem v, int i, int j) { return 2.0 * as_double(v) + i - j; });
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int j = idx / kLd, i = idx % kLd;  // column-major
+      const double expected = i < R && j < C ? 2.0 * as_double(tile[i * kLd + j]) + i - j : 99.0;
+      err[kWithOpUsed] += as_double(odd[idx]) != expected;
+    }
+  }
+
+  // load_vector's edges, over a fragment of non-zero values: count 0 (all zero), a count past the tile (the
+  // tile's length), a negative stride (the vector read backwards), and infinities scaled (still infinite).
+  {
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = value_at<Mem>(seed + 6, idx);
+    __syncwarp();
+    wmmae::foreach(got, [&](int x, int, int) { got.x[x] = wmmae::convert<typename Tr::storage_type>(5.0f); });
+    load_vector_reference(ref, [&](int) { return zero; });
+    wmmae::load_vector(got, static_cast<const Mem*>(src), 0);
+    err[kLoadVectorEdges] += count_mismatch(ref, got);
+    load_vector_reference(ref, [&](int e) { return src[e]; });
+    wmmae::load_vector(got, static_cast<const Mem*>(src), 1000);
+    err[kLoadVectorEdges] += count_mismatch(ref, got);
+    load_vector_reference(ref, [&](int e) { return src[kVectorLength - 1 - e]; });
+    wmmae::load_vector(got, static_cast<const Mem*>(src) + kVectorLength - 1, kVectorLength, 1.0f, -1);
+    err[kLoadVectorEdges] += count_mismatch(ref, got);
+    if constexpr (!std::is_integral<Mem>::value) {
+      const Mem inf = wmmae::convert<Mem>(__int_as_float(0x7f800000)), minus_inf = wmmae::convert<Mem>(__int_as_float(0xff800000));
+      if (lane == 0) {
+        src[0] = inf;
+        src[1] = minus_inf;
+      }
+      __syncwarp();
+      load_vector_reference(ref, [&](int e) { return e < 2 ? src[e] : twice(src[e]); });
+      wmmae::load_vector(got, static_cast<const Mem*>(src), kVectorLength, 2.0f);
+      err[kLoadVectorEdges] += count_mismatch(ref, got);
+      wmmae::load_vector(got, static_cast<const Mem*>(src), kVectorLength, 2.0);
+      err[kLoadVectorEdges] += count_mismatch(ref, got);
+    }
   }
   for (int c = 0; c < kNumChecks; ++c) atomicAdd(&errors[c], err[c]);
 }
