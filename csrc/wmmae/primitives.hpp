@@ -191,7 +191,8 @@ namespace detail {
 
 // Scales: floating-point or integers of up to 32 bits (double holds those exactly).
 template <class Scale>
-constexpr bool is_scale = std::is_floating_point<Scale>::value || (std::is_integral<Scale>::value && sizeof(Scale) <= 4);
+constexpr bool is_scale =
+    std::is_floating_point<Scale>::value || (std::is_integral<Scale>::value && sizeof(Scale) <= 4);
 
 // a * b rounded to odd: truncated, with its last bit set where the product is inexact. Rounding that once more
 // to a type of at least two significant bits fewer gives a * b rounded once (Boldo and Melquiond's round-to-odd),
@@ -211,9 +212,9 @@ __device__ __forceinline__ double product_rounded_to_odd(double a, double b) {
 }  // namespace detail
 
 // v * scale as an S, the exact product rounded once as convert<S> rounds (floating point: to nearest, ties to
-// even; integers: ties to even, saturated, NaN -> 0); convert<S>(v) where the scale is 1. Exact products of float-sized operands are formed in float (as float results), in double where either
-// operand is wider; where the product is not exact in that type, it is rounded to odd first (see above), or for
-// integer results its rounding error decides the ties.
+// even; integers: ties to even, saturated, NaN -> 0); convert<S>(v) where the scale is 1. The product is formed
+// in float where v and scale are float-sized, in double otherwise; for a narrower destination it is rounded to
+// odd there (above), and for an integer one its rounding error decides the ties.
 template <class S, class T, class Scale = float>
 __device__ __forceinline__ S scaled(T v, Scale scale) {
   static_assert(detail::is_scale<Scale>, "wmmae: a scale is a floating-point value or an integer of up to 32 bits");

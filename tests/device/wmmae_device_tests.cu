@@ -39,7 +39,7 @@ enum Check {
                         // product rounded once (float and double scales; references worked out in exact arithmetic)
   kWideAlpha,           // make_identity with a double alpha rounded once to the storage type, not through float
   kWithOpUsed,          // load/store_matrix_with_op apply a non-identity op, accumulators in column-major memory
-  kLoadVectorEdges,     // load_vector: count 0, count past the tile, a negative stride, infinities
+  kLoadVectorEdges,     // load_vector: count 0, count past the tile, negative and zero strides, infinities
   kNumChecks
 };
 
@@ -465,7 +465,9 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
   if constexpr (Tr::use == Use::accumulator) {
     // Stored column-major through op(v, i, j) = 2v + i - j, every element inside the bounds.
     Frag acc;
-    wmmae::foreach(acc, [&](int x, int i, int j) { acc.x[x] = from_int<Mem>((i * 3 + j * 7 + static_cast<int>(seed % 89u)) % 19 - 9); });
+    wmmae::foreach(acc, [&](int x, int i, int j) {
+      acc.x[x] = from_int<Mem>((i * 3 + j * 7 + static_cast<int>(seed % 89u)) % 19 - 9);
+    });
     __syncwarp();
     wmma::store_matrix_sync(tile, acc, kLd, wmma::mem_row_major);
     for (int idx = lane; idx < kLd * kLd; idx += 32) odd[idx] = from_int<Mem>(99);
@@ -480,8 +482,9 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     }
   }
 
-  // load_vector's edges, over a fragment of non-zero values: count 0 (all zero), a count past the tile (the
-  // tile's length), a negative stride (the vector read backwards), and infinities scaled (still infinite).
+  // load_vector's edges, over a fragment of non-zero values: count 0 or negative (all zero), a count past the
+  // tile (the tile's length), a negative stride (the vector read backwards), stride 0 (one value repeated),
+  // and infinities scaled (still infinite).
   {
     __syncwarp();
     for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = value_at<Mem>(seed + 6, idx);
@@ -490,14 +493,21 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     load_vector_reference(ref, [&](int) { return zero; });
     wmmae::load_vector(got, static_cast<const Mem*>(src), 0);
     err[kLoadVectorEdges] += count_mismatch(ref, got);
+    wmmae::foreach(got, [&](int x, int, int) { got.x[x] = wmmae::convert<typename Tr::storage_type>(5.0f); });
+    wmmae::load_vector(got, static_cast<const Mem*>(src), -5);
+    err[kLoadVectorEdges] += count_mismatch(ref, got);
     load_vector_reference(ref, [&](int e) { return src[e]; });
     wmmae::load_vector(got, static_cast<const Mem*>(src), 1000);
     err[kLoadVectorEdges] += count_mismatch(ref, got);
     load_vector_reference(ref, [&](int e) { return src[kVectorLength - 1 - e]; });
     wmmae::load_vector(got, static_cast<const Mem*>(src) + kVectorLength - 1, kVectorLength, 1.0f, -1);
     err[kLoadVectorEdges] += count_mismatch(ref, got);
+    load_vector_reference(ref, [&](int) { return src[3]; });
+    wmmae::load_vector(got, static_cast<const Mem*>(src) + 3, kVectorLength, 1.0f, 0);
+    err[kLoadVectorEdges] += count_mismatch(ref, got);
     if constexpr (!std::is_integral<Mem>::value) {
-      const Mem inf = wmmae::convert<Mem>(__int_as_float(0x7f800000)), minus_inf = wmmae::convert<Mem>(__int_as_float(0xff800000));
+      const Mem inf = wmmae::convert<Mem>(__int_as_float(0x7f800000));
+      const Mem minus_inf = wmmae::convert<Mem>(__int_as_float(0xff800000));
       if (lane == 0) {
         src[0] = inf;
         src[1] = minus_inf;
