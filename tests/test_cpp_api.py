@@ -117,17 +117,23 @@ def test_hopper_build_has_the_sm90a_kernels(cpp_build):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_same_bits_as_python(cpp_build, tmp_path, device):
+def test_same_bits_as_python(cpp_build, tmp_path, device, seed):
     if device == "cuda" and not _with_cuda():
         pytest.skip("needs a CUDA GPU and nvcc")
+    m, k, n = 33, 70, 21  # odd sizes: partial tiles on every side
+    g = torch.Generator().manual_seed(seed)
+    a = torch.empty(m, k).uniform_(-1, 1, generator=g)
+    b = torch.randn(k, n, generator=g)
+    (tmp_path / "a.bin").write_bytes(a.numpy().tobytes())
+    (tmp_path / "b.bin").write_bytes(b.numpy().tobytes())
     dump = tmp_path / "cpp_result.bin"
-    _run([cpp_build / "test_cpp_api", "--dump", dump, device])
-    from_cpp = torch.frombuffer(bytearray(dump.read_bytes()), dtype=torch.float32).reshape(33, 21)
-    wave = lambda r, c, step: torch.arange(r * c, dtype=torch.float32).reshape(r, c).mul(step).sin().to(device)  # noqa: E731
-    from_python = torch_wmmae.corrected_matmul(wave(33, 70, 0.37), wave(70, 21, 0.11), method="auto").cpu()
+    dump.write_bytes(b"")  # poisoned: a program that writes nothing leaves an empty file
+    _run([cpp_build / "test_cpp_api", "--dump", dump, tmp_path / "a.bin", tmp_path / "b.bin", m, k, n, device])
+    from_cpp = torch.frombuffer(bytearray(dump.read_bytes()), dtype=torch.float32).reshape(m, n)
+    from_python = torch_wmmae.corrected_matmul(a.to(device), b.to(device), method="auto").cpu()
     assert torch.equal(from_cpp, from_python)
     # (and not a result both sides would give for any inputs: it is the product, to float32 accuracy)
-    ref = wave(33, 70, 0.37).cpu().double() @ wave(70, 21, 0.11).cpu().double()
+    ref = a.double() @ b.double()
     assert ((from_cpp.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 

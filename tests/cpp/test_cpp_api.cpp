@@ -1,7 +1,8 @@
 // C++ API test (ctest): the wmmae operators called from LibTorch without Python, on the CPU and, when the
 // library has CUDA kernels and a GPU is present, on CUDA tensors. Prints "N passed, N failed" last.
-//   test_cpp_api [--dump PATH [cuda]]   write the result of the bitwise case, computed on the CPU or on cuda:0,
-//                                       to PATH (tests/test_cpp_api.py compares it with Python's)
+//   test_cpp_api [--dump OUT A B M K N [DEVICE]]   corrected_matmul of the raw float32 M x K and K x N matrices in
+//                                                  files A and B (row-major), on the CPU or DEVICE (e.g. cuda), written
+//                                                  raw to OUT: tests/test_cpp_api.py compares it with Python's
 #include <torch/torch.h>
 #include <torch_wmmae/ops.h>
 
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,9 +35,15 @@ std::string sci(double v) {
   return text;
 }
 
-// Deterministic inputs, built the same way in tests/test_cpp_api.py for the bitwise comparison.
-at::Tensor wave(std::int64_t rows, std::int64_t cols, double step) {
-  return at::arange(rows * cols, at::kFloat).reshape({rows, cols}).mul(step).sin();
+// A rows x cols float32 matrix stored raw (row-major) at path.
+at::Tensor read_matrix(const std::string& path, std::int64_t rows, std::int64_t cols) {
+  at::Tensor m = at::empty({rows, cols}, at::kFloat);
+  std::ifstream in(path, std::ios::binary);
+  in.read(static_cast<char*>(m.data_ptr()), static_cast<std::streamsize>(m.nbytes()));
+  if (!in || in.gcount() != static_cast<std::streamsize>(m.nbytes()) || in.peek() != std::char_traits<char>::eof()) {
+    throw std::runtime_error(path + ": expected exactly " + std::to_string(m.nbytes()) + " bytes");
+  }
+  return m;
 }
 
 bool has_cuda_kernels() {
@@ -122,10 +130,15 @@ int main(int argc, char** argv) {
   if (has_cuda_kernels() && torch::cuda::is_available()) check_device(at::Device(at::kCUDA, 0));
   else std::printf("skip CUDA checks (no CUDA kernels in this build, or no GPU)\n");
 
-  if (argc >= 3 && std::string(argv[1]) == "--dump") {
-    const at::Device device = argc >= 4 ? at::Device(argv[3]) : at::Device(at::kCPU);
-    const at::Tensor c =
-        torch_wmmae::corrected_matmul(wave(33, 70, 0.37).to(device), wave(70, 21, 0.11).to(device), "auto").cpu();
+  if (argc >= 2 && std::string(argv[1]) == "--dump") {
+    if (argc < 8) {
+      std::fprintf(stderr, "usage: test_cpp_api --dump OUT A B M K N [DEVICE]\n");
+      return 2;
+    }
+    const std::int64_t m = std::stoll(argv[5]), k = std::stoll(argv[6]), n = std::stoll(argv[7]);
+    const at::Device device = argc >= 9 ? at::Device(argv[8]) : at::Device(at::kCPU);
+    const at::Tensor a = read_matrix(argv[3], m, k).to(device), b = read_matrix(argv[4], k, n).to(device);
+    const at::Tensor c = torch_wmmae::corrected_matmul(a, b, "auto").cpu();
     std::ofstream(argv[2], std::ios::binary).write(static_cast<const char*>(c.data_ptr()), c.nbytes());
   }
   std::printf("%d passed, %d failed\n", passed, failed);
