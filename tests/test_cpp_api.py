@@ -5,6 +5,7 @@ and nvcc are present), runs the ctest, installs the package, builds the example 
 uses only the dispatcher against it with find_package(torch_wmmae), builds a program with the source tree
 (add_subdirectory), and checks that C++ and Python give the same bits for the same inputs.
 """
+import fcntl
 import os
 import pathlib
 import re
@@ -52,9 +53,13 @@ def cpp_build():
     if _with_cuda():
         major, minor = torch.cuda.get_device_capability()
         args += ["-DTORCH_WMMAE_WITH_CUDA=ON", f"-DTORCH_CUDA_ARCH_LIST={major}.{minor}"]
-    _run(["cmake", "-S", REPO_ROOT, "-B", BUILD, *args])
-    _run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)])
-    _run(["cmake", "--install", BUILD, "--prefix", PREFIX])
+    # One build at a time: pytest-xdist workers share BUILD (a second worker finds it built and only checks it).
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD.parent / "cpp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _run(["cmake", "-S", REPO_ROOT, "-B", BUILD, *args])
+        _run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)])
+        _run(["cmake", "--install", BUILD, "--prefix", PREFIX])
     return BUILD
 
 
