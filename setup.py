@@ -11,6 +11,7 @@ import re
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 try:
     from torch.utils import cpp_extension
@@ -114,6 +115,18 @@ class BuildExtension(cpp_extension.BuildExtension):
         super().build_extensions()
 
 
+class BuildPy(build_py):
+    """Also puts the device library's headers (csrc/wmmae/*.hpp) into the package, as torch_wmmae/include/wmmae,
+    where torch_wmmae.get_include() finds them in an installed package (an editable one reads csrc/ instead)."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "torch_wmmae", "include", "wmmae")
+        self.mkpath(target)
+        for header in sorted(glob.glob(os.path.join(CSRC, "wmmae", "*.hpp"))):
+            self.copy_file(header, os.path.join(target, os.path.basename(header)))
+
+
 setup(
     name="torch_wmmae",
     version=package_version(),
@@ -121,7 +134,7 @@ setup(
     packages=find_packages(include=["torch_wmmae", "torch_wmmae.*"]),
     package_data={"torch_wmmae": ["py.typed"]},  # (the API's annotations are for type checkers too: PEP 561)
     ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtension, "build_py": BuildPy},
     python_requires=">=3.10",  # (as torch 2.11)
     # The extension belongs to the torch it was built against (see the README's top): pip then says so where
     # another torch is installed over it.

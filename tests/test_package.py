@@ -34,7 +34,7 @@ def test_schema(name):
 
 
 def test_exports():
-    for name in ("corrected_matmul", "batched_outer", "fragment_map", "has_cuda_kernels", "METHODS"):
+    for name in ("corrected_matmul", "batched_outer", "fragment_map", "has_cuda_kernels", "get_include", "METHODS"):
         assert name in torch_wmmae.__all__ and hasattr(torch_wmmae, name)
     assert torch_wmmae.METHODS == ("auto", "fp16", "tf32")
     assert isinstance(torch_wmmae.__version__, str)
@@ -46,6 +46,17 @@ def test_build_takes_the_package_version():
                           timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == torch_wmmae.__version__
+
+
+def _same_headers(include_dir: pathlib.Path) -> None:
+    """include_dir/wmmae holds the device library exactly: every csrc/wmmae header, byte for byte, nothing else."""
+    source = {p.name: p.read_bytes() for p in (REPO_ROOT / "csrc" / "wmmae").glob("*.hpp")}
+    shipped = {p.name: p.read_bytes() for p in (include_dir / "wmmae").iterdir()}
+    assert "wmmae.hpp" in source and shipped == source
+
+
+def test_get_include_holds_the_device_library():
+    _same_headers(pathlib.Path(torch_wmmae.get_include()))
 
 
 def test_has_cuda_kernels_is_bool():
@@ -103,7 +114,7 @@ def test_api_is_typed():
     annotates each parameter and its result."""
     assert (pathlib.Path(torch_wmmae.__file__).parent / "py.typed").is_file()
     functions = [f for f in map(lambda name: getattr(torch_wmmae, name), torch_wmmae.__all__) if inspect.isfunction(f)]
-    assert len(functions) == 4
+    assert len(functions) == 5
     for f in functions:
         signature = inspect.signature(f)
         assert signature.return_annotation is not inspect.Signature.empty, f.__name__
@@ -133,7 +144,8 @@ def source_files() -> set:
 def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     """`setup.py sdist` packs every source file (the build reads any header under csrc/; the tests read the
     examples, tools and committed results) and no build output, and the extension builds from the unpacked
-    sdist and runs. The build is CPU-only to keep the test short: the file check covers the CUDA sources."""
+    sdist, carries the device library's headers, and runs. The build is CPU-only to keep the test short: the file
+    check covers the CUDA sources."""
     # From a copy of those files: setuptools also packs whatever an earlier build's egg-info lists.
     checkout = tmp_path / "checkout"
     files = source_files()
@@ -157,19 +169,23 @@ def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     built = [name for name in packed if name.endswith(BUILD_OUTPUTS) or name.startswith("build/")]
     assert not built, f"build outputs in the sdist: {built}"
 
-    source = tmp_path / top
-    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=source, env=env,
+    # Built as an install would lay it out (packages, their data and the extension in one tree), away from the
+    # sources: get_include() must find the headers the package carries.
+    source, lib = tmp_path / top, tmp_path / "lib"
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-lib", str(lib)], cwd=source, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    _same_headers(lib / "torch_wmmae" / "include")
     check = (
         "import torch, torch_wmmae; "
-        f"assert torch_wmmae.__file__.startswith({str(source)!r}), torch_wmmae.__file__; "
+        f"assert torch_wmmae.__file__.startswith({str(lib)!r}), torch_wmmae.__file__; "
+        f"assert torch_wmmae.get_include() == {str(lib / 'torch_wmmae' / 'include')!r}, torch_wmmae.get_include(); "
         "g = torch.Generator().manual_seed(5); a = torch.rand(17, 33, generator=g); b = torch.rand(33, 9, generator=g); "
         "out = torch_wmmae.corrected_matmul(a, b); ref = (a.double() @ b.double()).float(); "
         "assert out.shape == (17, 9) and torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (out - ref).abs().max()"
     )
     proc = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(source)})
+                          env={**os.environ, "PYTHONPATH": str(lib)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
