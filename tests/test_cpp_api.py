@@ -87,6 +87,37 @@ def test_installed_package_has_the_python_version(cpp_build):
     assert version == torch_wmmae.__version__
 
 
+def test_installed_package_requires_its_torch_release(cpp_build, tmp_path):
+    """find_package(torch_wmmae) asks for the torch release the library was built against: a program configured
+    with another release stops there with CMake's message naming the release, not at link or load time. (A stand-in
+    Torch package of each release; the real one is used by the build tests below.)"""
+    release = torch.__version__.split("+")[0]
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(uses_wmmae LANGUAGES NONE)\nfind_package(torch_wmmae REQUIRED)\n")
+
+    def configure(torch_version: str) -> subprocess.CompletedProcess:
+        stand_in = tmp_path / f"torch-{torch_version}"
+        stand_in.mkdir()
+        (stand_in / "TorchConfig.cmake").write_text("set(TORCH_FOUND TRUE)\n")
+        (stand_in / "TorchConfigVersion.cmake").write_text(
+            f'set(PACKAGE_VERSION "{torch_version}")\n'
+            'if(PACKAGE_VERSION VERSION_EQUAL PACKAGE_FIND_VERSION)\n'
+            '  set(PACKAGE_VERSION_COMPATIBLE TRUE)\n  set(PACKAGE_VERSION_EXACT TRUE)\n'
+            'elseif(PACKAGE_VERSION VERSION_GREATER PACKAGE_FIND_VERSION)\n  set(PACKAGE_VERSION_COMPATIBLE TRUE)\n'
+            'endif()\n')
+        return subprocess.run(["cmake", "-S", str(project), "-B", str(tmp_path / f"build-{torch_version}"),
+                               f"-DCMAKE_PREFIX_PATH={PREFIX}", f"-DTorch_DIR={stand_in}"],
+                              capture_output=True, text=True, timeout=120)
+
+    same = configure(release)
+    assert same.returncode == 0, same.stdout + same.stderr
+    major, minor, patch = (int(x) for x in release.split(".")[:3])
+    other = configure(f"{major}.{minor + 1}.{patch}")  # (newer: a plain version request would accept it)
+    assert other.returncode != 0 and release in other.stderr and "Torch" in other.stderr, other.stderr
+
+
 def test_ctest_passes(cpp_build):
     out = _run(["ctest", "--test-dir", cpp_build, "--output-on-failure"])
     assert "100% tests passed" in out
