@@ -118,6 +118,15 @@ def test_installed_package_requires_its_torch_release(cpp_build, tmp_path):
     assert other.returncode != 0 and release in other.stderr and "Torch" in other.stderr, other.stderr
 
 
+def test_installed_package_links_torch_by_its_targets(cpp_build):
+    """The exported link interface names torch's imported targets (torch, torch_library), which find_dependency
+    resolves to the program's own torch, and no file of the torch the library was built against."""
+    (targets_file,) = PREFIX.glob("lib*/cmake/torch_wmmae/torch_wmmaeTargets.cmake")
+    exported = targets_file.read_text()
+    assert 'INTERFACE_LINK_LIBRARIES "torch;torch_library"' in exported
+    assert os.path.dirname(torch.__file__) not in exported
+
+
 def test_ctest_passes(cpp_build):
     out = _run(["ctest", "--test-dir", cpp_build, "--output-on-failure"])
     assert "100% tests passed" in out
