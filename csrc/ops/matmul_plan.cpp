@@ -204,6 +204,13 @@ StreamK stream_k_policy(bool splits_forced) {
                                                : StreamK::kChoose;
 }
 
+// Whether stream_k_share's arithmetic stays within 64 bits: it multiplies a block index by all units of work
+// (each tile's k-stages and the gap after it). (Work past 2^62 units would take a GPU years.)
+bool stream_k_units_fit(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks) {
+  return static_cast<double>(tiles) * static_cast<double>(k_stages + kStreamKCrossingStages) *
+             static_cast<double>(blocks) <= 0x1p62;
+}
+
 // What stream-K's slowest block costs, in k-stages: a share's stages plus kStreamKCrossingStages for each tile
 // boundary inside it (see stream_k_share).
 std::int64_t stream_k_max_cost(std::int64_t tiles, std::int64_t k_stages, std::int64_t blocks, std::int64_t gap) {
@@ -266,9 +273,7 @@ std::int64_t stream_k_blocks(std::int64_t tiles, std::int64_t m, std::int64_t n,
                              int sms, StreamK policy) {
   if (policy == StreamK::kNever || at::globalContext().deterministicAlgorithms()) return 0;
   const std::int64_t k_stages = gemm_k_stages(k);
-  // stream_k_share multiplies a block index by all units of work (and the gap after each tile): past 2^62 the
-  // grid runs instead (such work would take the GPU years).
-  if (static_cast<double>(tiles) * static_cast<double>(k_stages + kStreamKCrossingStages) * sms > 0x1p62) return 0;
+  if (!stream_k_units_fit(tiles, k_stages, sms)) return 0;  // (the grid runs instead)
   const std::int64_t blocks = std::min<std::int64_t>(sms, tiles * k_stages / kMinStreamKStages);
   if (blocks < 2) return 0;
   if (policy == StreamK::kAlways) return blocks;
@@ -373,10 +378,8 @@ std::vector<std::int64_t> stream_k_shares(std::int64_t tiles, std::int64_t k_sta
               "'blocks' must be positive, got ", tiles, ", ", k_stages, ", ", blocks);
   // The CUDA op runs at most one block per SM; stream_k_share multiplies a block index by all units.
   TORCH_CHECK(blocks <= (1 << 20), "stream_k_shares: argument 'blocks' must be at most 2^20, got ", blocks);
-  TORCH_CHECK(static_cast<double>(tiles) * static_cast<double>(k_stages + kStreamKCrossingStages) *
-                      static_cast<double>(blocks) <= 0x1p62,
-              "stream_k_shares: tiles x (k_stages + ", kStreamKCrossingStages, ") x blocks must be at most 2^62, got ",
-              tiles, ", ", k_stages, " and ", blocks);
+  TORCH_CHECK(stream_k_units_fit(tiles, k_stages, blocks), "stream_k_shares: tiles x (k_stages + ",
+              kStreamKCrossingStages, ") x blocks must be at most 2^62, got ", tiles, ", ", k_stages, " and ", blocks);
   const std::int64_t gap = stream_k_gap(tiles, k_stages, blocks);
   std::vector<std::int64_t> starts(blocks + 1);
   for (std::int64_t b = 0; b <= blocks; ++b) starts[b] = stream_k_share(b, blocks, tiles, k_stages, gap);
