@@ -126,6 +126,26 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
   const int lane = threadIdx.x;
   int err[kNumChecks] = {};
   auto at = [](int i, int j) { return kRowMajor ? i * kLd + j : j * kLd + i; };
+  // Reference fragments: `tile` filled with value_of(i, j), then loaded by plain WMMA.
+  auto load_reference = [&](Frag& out, auto value_of) {
+    __syncwarp();
+    for (int idx = lane; idx < kLd * kLd; idx += 32) {
+      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
+      tile[idx] = value_of(i, j);
+    }
+    __syncwarp();
+    load_ref(out, tile, kLd);
+  };
+  // ... with value_of(e) along the first column (A, accumulators) or row (B), zero elsewhere.
+  constexpr bool kVectorColumn = Tr::use != Use::matrix_b;
+  constexpr int kVectorLength = kVectorColumn ? R : C;
+  const Mem zero = from_int<Mem>(0);
+  auto load_vector_reference = [&](Frag& out, auto value_of) {
+    load_reference(out, [&](int i, int j) {
+      const int along = kVectorColumn ? i : j, across = kVectorColumn ? j : i;
+      return across == 0 && along < kVectorLength ? value_of(along) : zero;
+    });
+  };
 
   // Compile-time map, as the device sees it.
   Frag f0;
@@ -191,13 +211,9 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
   const Mem fill = from_int<Mem>(5);
   Mem* src = odd + 1;
   for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = value_at<Mem>(seed + 1, idx);
-  __syncwarp();
-  for (int idx = lane; idx < kLd * kLd; idx += 32) {
-    const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-    tile[idx] = (i < rows && j < cols) ? src[kRowMajor ? i * ldm_odd + j : j * ldm_odd + i] : fill;
-  }
-  __syncwarp();
-  load_ref(ref, tile, kLd);
+  load_reference(ref, [&](int i, int j) {
+    return i < rows && j < cols ? src[kRowMajor ? i * ldm_odd + j : j * ldm_odd + i] : fill;
+  });
   if constexpr (Tr::use != Use::accumulator) {
     wmmae::load_matrix_with_op(got, static_cast<const Mem*>(src), ldm_odd, wmmae::TileBounds{rows, cols}, fill,
                                [](Mem v) { return v; });
@@ -213,29 +229,14 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
 
   // load_vector == zero-padded tile with the vector in its first column (A) / first row (B).
   if constexpr (Tr::use != Use::accumulator) {
-    constexpr bool kColumn = Tr::use == Use::matrix_a;
-    const int count = (kColumn ? R : C) - 2;
-    __syncwarp();
-    for (int idx = lane; idx < kLd * kLd; idx += 32) {
-      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-      const int along = kColumn ? i : j, across = kColumn ? j : i;
-      tile[idx] = (across == 0 && along < count) ? src[along * 3] : from_int<Mem>(0);
-    }
-    __syncwarp();
-    load_ref(ref, tile, kLd);
+    const int count = kVectorLength - 2;
+    load_vector_reference(ref, [&](int e) { return e < count ? src[e * 3] : zero; });
     wmmae::load_vector(got, static_cast<const Mem*>(src), count, 1.0f, 3);
     err[kLoadVector] += count_mismatch(ref, got);
     // Scaled by 2: the tile holds the doubled values, the vector the wide ones.
     __syncwarp();
     for (int idx = lane; idx < kLd * kLd; idx += 32) src[idx] = wide_value_at<Mem>(seed + 3, idx);
-    __syncwarp();
-    for (int idx = lane; idx < kLd * kLd; idx += 32) {
-      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-      const int along = kColumn ? i : j, across = kColumn ? j : i;
-      tile[idx] = (across == 0 && along < count) ? twice(src[along]) : from_int<Mem>(0);
-    }
-    __syncwarp();
-    load_ref(ref, tile, kLd);
+    load_vector_reference(ref, [&](int e) { return e < count ? twice(src[e]) : zero; });
     wmmae::load_vector(got, static_cast<const Mem*>(src), count, 2.0f);
     err[kLoadVectorScaled] += count_mismatch(ref, got);
   }
@@ -264,21 +265,13 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
 
   // Integer results. Operands (s8/u8): load_vector at scales 1/2 (ties), 20 (saturation high) and -1 (u8: low).
   if constexpr (Tr::use != Use::accumulator && std::is_integral<Mem>::value) {
-    constexpr bool kColumn = Tr::use == Use::matrix_a;
-    const int count = kColumn ? R : C;
     const int scales[3][2] = {{1, 2}, {20, 1}, {-1, 1}};  // numerator, denominator
     for (int s = 0; s < 3; ++s) {
-      __syncwarp();
-      for (int idx = lane; idx < kLd * kLd; idx += 32) {
-        const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-        const int along = kColumn ? i : j, across = kColumn ? j : i;
-        tile[idx] = (across == 0 && along < count)
-                        ? clamp_to<Mem>(div_round_half_even(static_cast<long long>(src[along]) * scales[s][0], scales[s][1]))
-                        : Mem(0);
-      }
-      __syncwarp();
-      load_ref(ref, tile, kLd);
-      wmmae::load_vector(got, static_cast<const Mem*>(src), count, static_cast<float>(scales[s][0]) / scales[s][1]);
+      load_vector_reference(ref, [&](int e) {
+        return clamp_to<Mem>(div_round_half_even(static_cast<long long>(src[e]) * scales[s][0], scales[s][1]));
+      });
+      wmmae::load_vector(got, static_cast<const Mem*>(src), kVectorLength,
+                         static_cast<float>(scales[s][0]) / scales[s][1]);
       err[kIntegerResults] += count_mismatch(ref, got);
     }
   }
@@ -319,13 +312,7 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
   }
 
   // make_identity == alpha * I loaded from memory.
-  __syncwarp();
-  for (int idx = lane; idx < kLd * kLd; idx += 32) {
-    const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-    tile[idx] = from_int<Mem>(i == j ? 3 : 0);
-  }
-  __syncwarp();
-  load_ref(ref, tile, kLd);
+  load_reference(ref, [&](int i, int j) { return from_int<Mem>(i == j ? 3 : 0); });
   wmmae::make_identity(got, 3.0f);
   err[kMakeIdentity] += count_mismatch(ref, got);
 
@@ -377,21 +364,6 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
   }
 
   // --- Rounding of scaled vectors and of alpha, ops that are used, load_vector's edges ---
-  // Reference for load_vector: `tile` holds value_of(e) along the first column (A, accumulators) or row (B).
-  constexpr bool kVectorColumn = Tr::use != Use::matrix_b;
-  constexpr int kVectorLength = kVectorColumn ? R : C;
-  auto load_vector_reference = [&](Frag& out, auto value_of) {
-    __syncwarp();
-    for (int idx = lane; idx < kLd * kLd; idx += 32) {
-      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-      const int along = kVectorColumn ? i : j, across = kVectorColumn ? j : i;
-      tile[idx] = across == 0 && along < kVectorLength ? value_of(along) : from_int<Mem>(0);
-    }
-    __syncwarp();
-    load_ref(out, tile, kLd);
-  };
-  const Mem zero = from_int<Mem>(0);
-
   // Products that a first rounding (to float, or to double) puts on a tie of the destination type; the values
   // were found, and their correctly rounded products worked out, in exact rational arithmetic.
   if constexpr (std::is_same<Mem, __half>::value || std::is_same<Mem, __nv_bfloat16>::value) {
@@ -433,13 +405,7 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     else if constexpr (std::is_same<S, __nv_bfloat16>::value) alpha = 1.0 + 0x1p-8 + 0x1p-40, expected = 1.0 + 0x1p-7;
     else if constexpr (std::is_same<S, float>::value) alpha = 1.0 + 0x1p-24 + 0x1p-40, expected = 1.0 + 0x1p-23;
     else alpha = 2.5 + 0x1p-40, expected = 3.0;  // integers: nearest, not the tie's even 2
-    __syncwarp();
-    for (int idx = lane; idx < kLd * kLd; idx += 32) {
-      const int i = kRowMajor ? idx / kLd : idx % kLd, j = kRowMajor ? idx % kLd : idx / kLd;
-      tile[idx] = i == j ? wmmae::convert<Mem>(expected) : zero;
-    }
-    __syncwarp();
-    load_ref(ref, tile, kLd);
+    load_reference(ref, [&](int i, int j) { return i == j ? wmmae::convert<Mem>(expected) : zero; });
     wmmae::make_identity(got, alpha);
     err[kWideAlpha] += count_mismatch(ref, got);
   }
