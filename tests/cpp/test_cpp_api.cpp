@@ -2,7 +2,8 @@
 // library has CUDA kernels and a GPU is present, on CUDA tensors. Prints "N passed, N failed" last.
 //   test_cpp_api [--dump OUT A B M K N [DEVICE]]   corrected_matmul of the raw float32 M x K and K x N matrices in
 //                                                  files A and B (row-major), on the CPU or DEVICE (e.g. cuda), written
-//                                                  raw to OUT: tests/test_cpp_api.py compares it with Python's
+//                                                  raw to OUT: tests/test_cpp_api.py compares it with Python's.
+//                                                  This mode runs none of the checks above.
 #include <torch/torch.h>
 #include <torch_wmmae/ops.h>
 
@@ -117,9 +118,26 @@ void check_device(const at::Device& device) {
   }
 }
 
+// --dump mode: only the product, so that a same-bits test does not repeat the checks that ctest runs.
+int dump_product(int argc, char** argv) {
+  if (argc < 8) {
+    std::fprintf(stderr, "usage: test_cpp_api --dump OUT A B M K N [DEVICE]\n");
+    return 2;
+  }
+  const std::int64_t m = std::stoll(argv[5]), k = std::stoll(argv[6]), n = std::stoll(argv[7]);
+  const at::Device device = argc >= 9 ? at::Device(argv[8]) : at::Device(at::kCPU);
+  const at::Tensor a = read_matrix(argv[3], m, k).to(device), b = read_matrix(argv[4], k, n).to(device);
+  const at::Tensor c = torch_wmmae::corrected_matmul(a, b, "auto").cpu();
+  std::ofstream out(argv[2], std::ios::binary);
+  out.write(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  return out ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--dump") return dump_product(argc, argv);
+
   // The paper's Table 2 (sm_70, matrix_a col_major): lane 0 holds column-major indices 0..3, 64..67, ...
   const at::Tensor t = torch_wmmae::fragment_map("matrix_a", 16, 16, 16, "half", "col_major", 70);
   const at::Tensor lane0 = t[0].select(1, 0) + 16 * t[0].select(1, 1);
@@ -130,17 +148,6 @@ int main(int argc, char** argv) {
   if (has_cuda_kernels() && torch::cuda::is_available()) check_device(at::Device(at::kCUDA, 0));
   else std::printf("skip CUDA checks (no CUDA kernels in this build, or no GPU)\n");
 
-  if (argc >= 2 && std::string(argv[1]) == "--dump") {
-    if (argc < 8) {
-      std::fprintf(stderr, "usage: test_cpp_api --dump OUT A B M K N [DEVICE]\n");
-      return 2;
-    }
-    const std::int64_t m = std::stoll(argv[5]), k = std::stoll(argv[6]), n = std::stoll(argv[7]);
-    const at::Device device = argc >= 9 ? at::Device(argv[8]) : at::Device(at::kCPU);
-    const at::Tensor a = read_matrix(argv[3], m, k).to(device), b = read_matrix(argv[4], k, n).to(device);
-    const at::Tensor c = torch_wmmae::corrected_matmul(a, b, "auto").cpu();
-    std::ofstream(argv[2], std::ios::binary).write(static_cast<const char*>(c.data_ptr()), c.nbytes());
-  }
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }
