@@ -32,7 +32,8 @@ def sweep_rows(payload: dict) -> list[dict]:
 
 
 def summary(rows: list[dict], min_n: int = 2432) -> dict:
-    """Figures quoted in the tables: ranges for N >= min_n (BASELINES.md quotes fp32 from N = 2432 on)."""
+    """Figures quoted in the tables: ranges for N >= min_n (the team's measured baselines, kept outside this
+    repository, quote torch fp32 from N = 2432 on)."""
     big = [r for r in rows if r["n"] >= min_n]
     ratio = [r["speedup_vs_fp32"] for r in big]
     return dict(n_rows=len(rows), min_n=min_n, n_big=len(big),
