@@ -329,6 +329,31 @@ def test_gradient_of_one_input(device, gen, which):
     _assert_gradient_close(x.grad, want, other.detach().cpu().double().abs().sum(-1, keepdim=True).expand(4, 11), 11)
 
 
+@pytest.mark.parametrize("which", ["u", "v"])
+def test_node_saves_only_what_the_gradient_reads(device, gen, which):
+    """grad_u reads v and grad_v reads u: where one input needs a gradient the node saves only the other, so the
+    input that needs the gradient may then change in place (no gradient reads it); a change of the saved one
+    is still refused."""
+    u0 = random_tensor(gen, (4, 11), "normal", device).requires_grad_(which == "u")
+    v0 = random_tensor(gen, (4, 11), "normal", device).requires_grad_(which == "v")
+    u, v = u0 * 1.0, v0 * 1.0  # (not leaves: they may change in place)
+    differentiated, other = (u, v) if which == "u" else (v, u)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = batched_outer(u, v, alpha=-1.5)
+    assert len(packed) == 1 and packed[0].data_ptr() == other.data_ptr()
+    other64 = other.detach().cpu().double()
+    differentiated.add_(1.0)
+    out.sum().backward()
+    want = other64.sum(-1, keepdim=True).expand(4, 11)  # (as in test_gradient_of_one_input)
+    _assert_gradient_close(u0.grad if which == "u" else v0.grad, want,
+                           other64.abs().sum(-1, keepdim=True).expand(4, 11), 11)
+    out = batched_outer(u, v, alpha=-1.5)
+    other.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
 def test_memory_savers_keep_gradients(device, gen, with_v):
     """Checkpointing and save_on_cpu around the op; its node saves u and v, or u once where v is None."""

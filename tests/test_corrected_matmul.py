@@ -966,6 +966,31 @@ def test_gradient_of_one_operand(device, gen, which):
     assert rel_err(x.grad, expected) < 1e-5
 
 
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_node_saves_only_what_the_gradient_reads(device, gen, which):
+    """As for torch.matmul: grad_a reads b and grad_b reads a, so where one operand needs a gradient the node
+    saves only the other. The operand that needs the gradient may then change in place (no gradient reads it);
+    a change of the saved one is still refused."""
+    a0 = random_tensor(gen, (5, 18), "normal", device).requires_grad_(which == "a")
+    b0 = random_tensor(gen, (18, 4), "normal", device).requires_grad_(which == "b")
+    a, b = a0 * 1.0, b0 * 1.0  # (not leaves: they may change in place)
+    differentiated, other = (a, b) if which == "a" else (b, a)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = corrected_matmul(a, b)
+    assert len(packed) == 1 and packed[0].data_ptr() == other.data_ptr()
+    other64 = other.detach().double()
+    differentiated.add_(1.0)
+    out.sum().backward()
+    ones = torch.ones(5, 4, dtype=torch.float64, device=device)
+    expected = ones @ other64.t() if which == "a" else other64.t() @ ones
+    assert rel_err(a0.grad if which == "a" else b0.grad, expected) < 1e-5
+    out = corrected_matmul(a, b)
+    other.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_memory_savers_keep_gradients(device, gen, method):
     """Checkpointing and save_on_cpu around the op; its node saves a and b, nothing else."""

@@ -30,8 +30,11 @@ at::Tensor times_vector(const at::Tensor& g, const at::Tensor& x) {
 }
 
 struct BatchedOuterBackward : public torch::autograd::Node {
-  SavedVariable u_, v_;  // v_ only where the call had a v (v = None: v is u, saved once)
+  // grad_u reads v and grad_v reads u, so each is saved only where the other's gradient is wanted (v = None:
+  // v is u, saved once for grad_u); an operand that no gradient reads may be changed in place after the call.
+  SavedVariable u_, v_;
   bool v_is_u_ = false;
+  at::ScalarType u_dtype_ = at::kFloat, v_dtype_ = at::kFloat;
 
   std::string name() const override { return "BatchedOuterBackward"; }
   void release_variables() override {
@@ -42,17 +45,17 @@ struct BatchedOuterBackward : public torch::autograd::Node {
     variable_list grad_inputs(v_is_u_ ? 1 : 2);
     const at::Tensor& g = grad_outputs[0];
     if (!g.defined()) return grad_inputs;
-    const at::Tensor u = u_.unpack(shared_from_this());
     if (v_is_u_) {
       if (should_compute_output(0)) {
         const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
-        grad_inputs[0] = times_vector(g32 + g32.transpose(-1, -2), u).to(u.scalar_type());
+        grad_inputs[0] = times_vector(g32 + g32.transpose(-1, -2), u_.unpack(shared_from_this())).to(u_dtype_);
       }
       return grad_inputs;
     }
-    const at::Tensor v = v_.unpack(shared_from_this());
-    if (should_compute_output(0)) grad_inputs[0] = times_vector(g, v).to(u.scalar_type());
-    if (should_compute_output(1)) grad_inputs[1] = times_vector(g.transpose(-1, -2), u).to(v.scalar_type());
+    if (should_compute_output(0)) grad_inputs[0] = times_vector(g, v_.unpack(shared_from_this())).to(u_dtype_);
+    if (should_compute_output(1)) {
+      grad_inputs[1] = times_vector(g.transpose(-1, -2), u_.unpack(shared_from_this())).to(v_dtype_);
+    }
     return grad_inputs;
   }
 };
@@ -62,9 +65,11 @@ at::Tensor batched_outer_autograd(const at::Tensor& u, const std::optional<at::T
   // (The node's inputs: u, and v where the call has one.)
   const auto grad_fn = v.has_value() ? make_grad_fn<BatchedOuterBackward>(u, *v) : make_grad_fn<BatchedOuterBackward>(u);
   if (grad_fn) {
-    grad_fn->u_ = SavedVariable(u, /*is_output=*/false);
-    if (v.has_value()) grad_fn->v_ = SavedVariable(*v, /*is_output=*/false);
     grad_fn->v_is_u_ = !v.has_value();
+    if (grad_fn->v_is_u_ || grad_fn->should_compute_output(1)) grad_fn->u_ = SavedVariable(u, /*is_output=*/false);
+    if (!grad_fn->v_is_u_ && grad_fn->should_compute_output(0)) grad_fn->v_ = SavedVariable(*v, /*is_output=*/false);
+    grad_fn->u_dtype_ = u.scalar_type();
+    grad_fn->v_dtype_ = v.has_value() ? v->scalar_type() : u.scalar_type();
   }
   at::Tensor out;
   {

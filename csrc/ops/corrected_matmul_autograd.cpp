@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 #include "autograd_support.hpp"
 #include "op_calls.hpp"
@@ -22,8 +23,21 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
+// The matrix sizes of an operand as torch.matmul promotes it: a 1-D a is a row (1, k), a 1-D b a column (k, 1).
+// sym_sizes: under torch.compile the sizes are symbols, which sizes() would make constants of the graph.
+std::vector<c10::SymInt> matrix_sym_sizes(const at::Tensor& x, int64_t vector_dim) {
+  std::vector<c10::SymInt> sizes = x.sym_sizes().vec();
+  if (x.dim() == 1) sizes.insert(sizes.begin() + vector_dim, c10::SymInt(1));
+  return sizes;
+}
+
 struct CorrectedMatmulBackward : public torch::autograd::Node {
+  // Each operand is saved only where the other's gradient reads it (grad_a needs b, grad_b needs a), as
+  // PyTorch's mm does: a product with a frozen weight keeps no activation alive, and an operand that no
+  // gradient reads may be changed in place after the call.
   SavedVariable a_, b_;
+  std::vector<c10::SymInt> a_sizes_, b_sizes_;  // as matrices (matrix_sym_sizes)
+  bool a_is_vector_ = false, b_is_vector_ = false;
   std::string method_;
 
   std::string name() const override { return "CorrectedMatmulBackward"; }
@@ -35,22 +49,21 @@ struct CorrectedMatmulBackward : public torch::autograd::Node {
     variable_list grad_inputs(2);
     at::Tensor grad = grad_outputs[0];
     if (!grad.defined()) return grad_inputs;
-    const at::Tensor a = a_.unpack(shared_from_this());
-    const at::Tensor b = b_.unpack(shared_from_this());
     // Promote 1-D operands to matrices as torch.matmul does, then drop the added dimensions again. b's column
     // dimension first: for 1-D @ 1-D the gradient is 0-d and has no dimension -2 yet.
-    const at::Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
-    const at::Tensor b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;
-    if (b.dim() == 1) grad = grad.unsqueeze(-1);
-    if (a.dim() == 1) grad = grad.unsqueeze(-2);
-    // sym_sizes: under torch.compile the sizes are symbols, which sizes() would make constants of the graph.
+    if (b_is_vector_) grad = grad.unsqueeze(-1);
+    if (a_is_vector_) grad = grad.unsqueeze(-2);
     if (should_compute_output(0)) {
-      at::Tensor grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method_), a2.sym_sizes());
-      grad_inputs[0] = a.dim() == 1 ? grad_a.squeeze(0) : grad_a;
+      const at::Tensor b = b_.unpack(shared_from_this());
+      const at::Tensor b2 = b_is_vector_ ? b.unsqueeze(-1) : b;
+      at::Tensor grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method_), a_sizes_);
+      grad_inputs[0] = a_is_vector_ ? grad_a.squeeze(0) : grad_a;
     }
     if (should_compute_output(1)) {
-      at::Tensor grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method_), b2.sym_sizes());
-      grad_inputs[1] = b.dim() == 1 ? grad_b.squeeze(-1) : grad_b;
+      const at::Tensor a = a_.unpack(shared_from_this());
+      const at::Tensor a2 = a_is_vector_ ? a.unsqueeze(0) : a;
+      at::Tensor grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method_), b_sizes_);
+      grad_inputs[1] = b_is_vector_ ? grad_b.squeeze(-1) : grad_b;
     }
     return grad_inputs;
   }
@@ -59,8 +72,12 @@ struct CorrectedMatmulBackward : public torch::autograd::Node {
 at::Tensor corrected_matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view method) {
   const auto grad_fn = make_grad_fn<CorrectedMatmulBackward>(a, b);
   if (grad_fn) {
-    grad_fn->a_ = SavedVariable(a, /*is_output=*/false);
-    grad_fn->b_ = SavedVariable(b, /*is_output=*/false);
+    if (grad_fn->should_compute_output(1)) grad_fn->a_ = SavedVariable(a, /*is_output=*/false);
+    if (grad_fn->should_compute_output(0)) grad_fn->b_ = SavedVariable(b, /*is_output=*/false);
+    grad_fn->a_sizes_ = matrix_sym_sizes(a, 0);
+    grad_fn->b_sizes_ = matrix_sym_sizes(b, 1);
+    grad_fn->a_is_vector_ = a.dim() == 1;
+    grad_fn->b_is_vector_ = b.dim() == 1;
     grad_fn->method_ = std::string(method);
   }
   at::Tensor out;
