@@ -599,6 +599,26 @@ def test_compile_fullgraph_matches_eager(device, gen):
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
+def test_compile_with_data_dependent_batch_sizes(device, gen):
+    """Batch sizes known only when the graph runs (two boolean masks' counts: unbacked symbols): the fake
+    kernel's check that v has u's shape becomes a runtime assert, not a guard that fullgraph=True cannot take."""
+    torch._dynamo.reset()
+    u = random_tensor(gen, (6, 9), "normal", device, torch.float16)
+    v = random_tensor(gen, (5, 9), "normal", device, torch.float16)
+    mask_u = torch.tensor([True, False, True, True, False, True], device=device)
+    mask_v = torch.tensor([True, True, False, True, True], device=device)
+
+    def f(u, mask_u, v, mask_v):
+        return batched_outer(u[mask_u], v[mask_v], alpha=0.5)
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+        got = compiled(u, mask_u, v, mask_v)
+        assert torch.equal(got, f(u, mask_u, v, mask_v)) and got.shape == (4, 9, 9)
+        with pytest.raises(RuntimeError):  # counts that differ: refused when the graph runs
+            compiled(u, mask_u, v, torch.ones(5, dtype=torch.bool, device=device))
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_graph_capture_replays(gen):

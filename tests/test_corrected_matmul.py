@@ -1233,6 +1233,23 @@ def test_compile_backward_keeps_shapes_dynamic(device, gen):
     torch.autograd.grad(torch.compile(loss, fullgraph=True)(x), (x, w1, w2))
 
 
+def test_compile_with_data_dependent_batch_sizes(device, gen):
+    """A batch size known only when the graph runs (a boolean mask's count: an unbacked symbol): the fake kernel
+    must not guard on whether it is 1 (the guard cannot be decided and fullgraph=True fails), as torch.matmul's
+    broadcasting does not."""
+    torch._dynamo.reset()
+    x = random_tensor(gen, (6, 3, 4), "normal", device)
+    b = random_tensor(gen, (1, 4, 5), "normal", device)
+    mask = torch.tensor([True, False, True, True, False, True], device=device)
+
+    def f(x, mask, b):
+        return corrected_matmul(x[mask], b)
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        got = torch.compile(f, backend="aot_eager", fullgraph=True)(x, mask, b)
+    assert torch.equal(got, f(x, mask, b)) and got.shape == (4, 3, 5)
+
+
 @pytest.mark.usefixtures("vmap_rules_only")
 def test_compile_fullgraph_of_torch_func_matches_eager(device, gen):
     """torch.compile(fullgraph=True) traces torch.func.grad, jacfwd (forward over reverse) and vmap of the op."""

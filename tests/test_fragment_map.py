@@ -336,6 +336,23 @@ def test_fake_kernel_for_a_cuda_device():
     assert fake.shape == (32, 16, 2) and fake.dtype == torch.int32 and fake.device == torch.device("cuda", 0)
 
 
+@pytest.mark.parametrize("arch,device,message", [
+    (None, None, "on the CPU pass arch="),
+    (None, torch.device("cpu"), "on the CPU pass arch="),
+    (80, torch.device("meta"), "must be a CPU or CUDA device"),
+])
+def test_fake_kernel_refuses_what_the_op_refuses(arch, device, message):
+    """A CPU table needs arch, and only CPU and CUDA devices are taken: the fake kernel refuses these calls with
+    the op's message (a compiled call fails when traced, not later when it runs)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = ("matrix_a", 16, 16, 16, "half", "row_major", arch, device)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.wmmae.fragment_map.default(*args)
+    with FakeTensorMode(), pytest.raises(RuntimeError, match=message):
+        torch.ops.wmmae.fragment_map.default(*args)
+
+
 def test_compile_fullgraph():
     torch._dynamo.reset()
 

@@ -7,6 +7,7 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 __all__ = ["corrected_matmul", "batched_outer", "fragment_map", "METHODS"]
 
@@ -116,11 +117,17 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
     )
     a_batch = tuple(a.shape[:-2]) if a.dim() > 1 else ()
     b_batch = tuple(b.shape[:-2]) if b.dim() > 2 else ()
-    torch._check(
-        all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a_batch), reversed(b_batch))),
-        lambda: f"corrected_matmul: the batch dimensions of 'a' {list(a_batch)} and 'b' {list(b_batch)} do not broadcast "
-        f"('a' has shape {list(a.shape)}, 'b' {list(b.shape)})",
-    )
+    for x, y in zip(reversed(a_batch), reversed(b_batch)):
+        # One check per dimension, and a size that may be 1 only where that is known: a data-dependent size
+        # (unbacked under torch.compile) then gets a runtime assert instead of a guard that cannot be decided,
+        # as torch.matmul's own broadcasting does.
+        if guard_or_false(x == 1) or guard_or_false(y == 1):
+            continue
+        torch._check(
+            x == y,
+            lambda: f"corrected_matmul: the batch dimensions of 'a' {list(a_batch)} and 'b' {list(b_batch)} do not "
+            f"broadcast ('a' has shape {list(a.shape)}, 'b' {list(b.shape)})",
+        )
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)
@@ -210,7 +217,10 @@ def _batched_outer_fake(u: Tensor, v: Optional[Tensor] = None, alpha: float = 0.
             lambda: f"batched_outer: arguments 'u' and 'v' must be on the same device, got u on {u.device} and v on {v.device}",
         )
         torch._check(v.dtype == u.dtype, lambda: f"batched_outer: argument 'v' must have the dtype of 'u' ({u.dtype}), got {v.dtype}")
-        torch._check(v.shape == u.shape, lambda: f"batched_outer: argument 'v' must have the shape of 'u' {list(u.shape)}, got {list(v.shape)}")
+        same_shape = lambda: f"batched_outer: argument 'v' must have the shape of 'u' {list(u.shape)}, got {list(v.shape)}"
+        torch._check(v.dim() == u.dim(), same_shape)
+        for x, y in zip(u.shape, v.shape):  # (one check per size: a runtime assert where a size is data-dependent)
+            torch._check(x == y, same_shape)
     dtype = torch.float32 if out_dtype is None else out_dtype
     torch._check(dtype in _OUTER_DTYPES, lambda: f"batched_outer: argument 'out_dtype' must be float32, float16 or bfloat16, got {dtype}")
     return u.new_empty((*u.shape, u.shape[-1]), dtype=dtype)
@@ -285,10 +295,17 @@ def fragment_map(
 
 @torch.library.register_fake("wmmae::fragment_map")
 def _fragment_map_fake(use, m, n, k, dtype, layout=None, arch=None, device=None):
-    # The number of elements per lane comes from the one C++ table: ask it (outside fake mode) for the
-    # sm_80+ layout, which every GPU this package runs on shares with its measured one.
+    # On a CUDA device the number of elements per lane comes from the one C++ table: ask it (outside fake mode)
+    # for arch's layout, or by default the sm_80+ one, which every GPU this package runs on shares with its
+    # measured one.
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    # Elsewhere the real op runs as it is, for its checks: a CPU table needs arch, and only CPU and CUDA devices
+    # are taken.
+    on_cuda = device is not None and torch.device(device).type == "cuda"
     with unset_fake_temporarily():
-        table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch if arch is not None else 80, None)
+        if on_cuda:
+            table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch if arch is not None else 80, None)
+        else:
+            table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch, device)
     return torch.empty(table.shape, dtype=torch.int32, device=device if device is not None else "cpu")
