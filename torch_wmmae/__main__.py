@@ -135,8 +135,12 @@ def check_corrected_matmul(rep, device, g, size):
         return err <= 4.0 * err32, f"rel err {err:.2e} vs fp32 {err32:.2e} (limit 4 x: 22-bit split)"
 
     rep.run("corrected_matmul", "auto, rows spanning 2^41", wide)
-    err16 = rel_err(corrected_matmul(a, b, method="fp16"), ref)
-    rep.add("corrected_matmul", "fp16, rows spanning 2^41", None, f"rel err {err16:.2e} (expected loss: use auto/tf32)")
+
+    def wide_fp16():  # (reported, not judged: the fp16 split is documented to lose accuracy here)
+        err = rel_err(corrected_matmul(a, b, method="fp16"), ref)
+        return None, f"rel err {err:.2e} (expected loss: use auto/tf32)"
+
+    rep.run("corrected_matmul", "fp16, rows spanning 2^41", wide_fp16)
 
 
 def time_cuda(fn, warmup=3, iters=20):
@@ -201,7 +205,7 @@ def check_batched_outer(rep, device, g):
             ulp = torch.nextafter(a, torch.full_like(a, float("inf"))) - a
             d = (out[diag] - want[diag]).abs()
             ulps = (d / ulp).max().item()
-            allowed = 0  # u_i v_i + alpha rounded once on the GPU (exact product plus alpha, or fmaf) and on the CPU (float64)
+            allowed = 0  # u_i v_i + alpha rounded once on the GPU (exact product plus alpha, or fmaf) and on the CPU (fmaf)
             return off_ok and ulps <= allowed, f"off-diagonal exact: {off_ok}; diagonal max {ulps:.0f} ulp (limit {allowed})"
 
         rep.run("batched_outer", f"{str(dtype)[6:]} -> float32, alpha!=0", with_alpha)
