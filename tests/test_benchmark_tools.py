@@ -1,14 +1,15 @@
 """The benchmark tools that need no GPU: the sweep figures that README and NOTES quote
 (benchmarks/paper/plot_seed_sweep.dips on made-up curves whose dips are known), bench_sustained's nvidia-smi
-reader, the paper table, and the CUDA microbenchmarks' builds."""
+reader, the paper table, the short sums' error measurement, and the CUDA microbenchmarks' builds."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT
+from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT, child_process_env
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "paper"))
 
@@ -77,6 +78,26 @@ def test_paper_table_is_up_to_date(tmp_path):
                    check=True, capture_output=True)
     committed = root / "benchmarks" / "results" / "paper_table.md"
     assert out.read_text() == committed.read_text(), "run benchmarks/paper/make_table.py"
+
+
+def test_short_sums_measures_errors_in_units_of_u(tmp_path):
+    """benchmarks/accuracy_short_sums.py (README quotes it): one call per shape on the CPU (and CUDA with a GPU).
+    Its measure is checked on what IEEE rounding fixes: float32's error on a single product (K = 1) is at most
+    one rounding, u / (1 + u) relative, and above half of that for some of 262144 random products."""
+    subprocess.run([sys.executable, REPO_ROOT / "benchmarks" / "accuracy_short_sums.py", "--outputs", "1",
+                    "--seed", "7", "--out", tmp_path], check=True, capture_output=True, env=child_process_env())
+    payload = json.loads((tmp_path / "short_sums.json").read_text())
+    assert {"gpu", "torch", "date", "rows"} <= payload.keys()
+    assert "max_u_ours_cpu" in (tmp_path / "short_sums.md").read_text()
+    rows = {(r["m"], r["k"]): r for r in payload["rows"]}
+    assert set(rows) == {(1, 1), (1, 8), (1, 32), (256, 32), (256, 256)}
+    assert 0.5 < rows[1, 1]["max_u_fp32_cpu"] <= 1.0
+    # The split's error over one product is a few u: above float32's, and bounded.
+    # The split's error over one product is a few u: above float32's, and bounded; over 256 terms it is below
+    # the sum's rounding, which float32's GEMM has as well. (On the CPU, and with a GPU on CUDA too.)
+    for device in ("cpu", "cuda") if "max_u_ours_cuda" in rows[1, 1] else ("cpu",):
+        assert rows[1, 1][f"max_u_fp32_{device}"] < rows[1, 1][f"max_u_ours_{device}"] < 16
+        assert rows[256, 256][f"max_u_ours_{device}"] < rows[256, 256][f"max_u_fp32_{device}"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
