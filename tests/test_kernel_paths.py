@@ -35,15 +35,24 @@ METHODS = ["fp16", "tf32", "auto"]
 # The CPU kernels, and on CUDA both GEMM kernel families: the default (wgmma on H100/H200 builds with sm_90a,
 # its fp32 stages by TMA where the operands allow, else WMMA), the wgmma kernel with cp.async stages only
 # (TORCH_WMMAE_SM90_TMA=0), the default with the wgmma kernel's stream-K schedule wherever it can run
-# (TORCH_WMMAE_STREAM_K=1), and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run.
+# (TORCH_WMMAE_STREAM_K=1), and, through TORCH_WMMAE_PORTABLE_GEMM=1, the WMMA kernels that other GPUs run: with
+# the shared memory of an H100/H200, and with an A100's (TORCH_WMMAE_SMEM_PER_BLOCK, where the fp16 GEMM's stages
+# are 16 k: GemmConfig's kCompact).
+A100_SMEM_PER_BLOCK = "166912"
 GEMM_TARGETS = ["cpu", *[pytest.param(name, marks=[requires_cuda, pytest.mark.gpu])
-                         for name in ("cuda", "cuda_no_tma", "cuda_stream_k", "cuda_portable_gemm")]]
+                         for name in ("cuda", "cuda_no_tma", "cuda_stream_k", "cuda_portable_gemm",
+                                      "cuda_portable_a100_smem")]]
 
 
 @pytest.fixture(params=GEMM_TARGETS)
 def gemm_device(request, monkeypatch) -> str:
     """The device of a corrected_matmul call, with the GEMM kernel family selected."""
-    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if request.param == "cuda_portable_gemm" else "0")
+    portable = request.param.startswith("cuda_portable")
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1" if portable else "0")
+    if request.param == "cuda_portable_a100_smem":
+        monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", A100_SMEM_PER_BLOCK)
+    else:
+        monkeypatch.delenv("TORCH_WMMAE_SMEM_PER_BLOCK", raising=False)
     monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "0" if request.param == "cuda_no_tma" else "1")
     if request.param == "cuda_stream_k":
         monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
@@ -275,7 +284,7 @@ def _sees_sm90_kernels() -> bool:
     return runs_sm90_gemm() and profiler_records_kernels()
 
 
-KERNEL_CHOICES = {"sm90", "sm90_tma", "overlap_launches"}
+KERNEL_CHOICES = {"sm90", "sm90_tma", "overlap_launches", "wmma_compact"}
 
 
 def test_kernel_choice_on_the_cpu_is_empty():
@@ -316,6 +325,55 @@ def test_kernel_choice_follows_the_switches_and_names_the_launched_kernels(gen, 
 
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_portable_gemm_with_an_a100s_shared_memory_keeps_every_bit(gen, monkeypatch, method, a_col, b_col):
+    """A GPU that allows a block less shared memory than the WMMA kernel's wide configuration needs (an A100:
+    166,912 bytes against up to 231,456) runs the fp16 GEMM with stages of 16 k instead of 32 (kCompact). The
+    k-steps' products and the chunks of K are the same, so are the outputs' bits: partial tiles, two chunks of
+    K and a partial one, every layout (deterministic mode: no split of K, whose atomics add in any order)."""
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1")
+    monkeypatch.delenv("TORCH_WMMAE_SMEM_PER_BLOCK", raising=False)
+    a = random_tensor_in_layout((150, 2100), a_col, gen, "cuda")
+    b = random_tensor_in_layout((2100, 140), b_col, gen, "cuda")
+    like = torch.empty(0, device="cuda")
+    assert "wmma_compact" not in torch.ops.wmmae._corrected_matmul_kernel_choice(like)
+    with deterministic():
+        wide = torch_wmmae.corrected_matmul(a, b, method=method)
+    monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", A100_SMEM_PER_BLOCK)
+    assert "wmma_compact" in torch.ops.wmmae._corrected_matmul_kernel_choice(like)
+    with deterministic():
+        compact = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert torch.equal(compact, wide)
+    assert_matmul_within_dot_product_bound(compact, a, b)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_portable_gemm_refuses_a_gpu_without_enough_shared_memory(gen, monkeypatch):
+    """Where even the compact configuration does not fit (an RTX 4090 or L40 allows a block 101,376 bytes) the
+    call fails before any launch with a message that names the need, the GPU and its limit; the wgmma kernels of
+    an H100/H200 are not limited by the variable. A value that is not a number of bytes is refused."""
+    a = random_tensor(gen, (33, 70), "normal", "cuda")
+    b = random_tensor(gen, (70, 21), "normal", "cuda")
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1")
+    monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", "101376")
+    name = re.escape(torch.cuda.get_device_name())
+    with pytest.raises(RuntimeError, match=rf"needs \d+ bytes of shared memory per block, and this {name} "
+                                           rf"\(compute capability \d+\.\d+\) allows 101376"):
+        torch_wmmae.corrected_matmul(a, b)
+    monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", "96k")
+    with pytest.raises(RuntimeError, match="TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '96k'"):
+        torch_wmmae.corrected_matmul(a, b)
+    monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "0")
+    monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", "101376")
+    if runs_sm90_gemm():
+        assert_matmul_within_dot_product_bound(torch_wmmae.corrected_matmul(a, b), a, b)
+
+
+@requires_cuda
+@pytest.mark.gpu
 def test_an_sm90a_build_runs_the_wgmma_kernels_on_hopper(monkeypatch):
     """On an H100/H200 an extension with sm_90a code must choose the wgmma kernels with TMA stages and overlapped
     launches (and one without must not): checked against the binary itself, so that a build that lost its sm_90a
@@ -329,7 +387,7 @@ def test_an_sm90a_build_runs_the_wgmma_kernels_on_hopper(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     choice = torch.ops.wmmae._corrected_matmul_kernel_choice(torch.empty(0, device="cuda"))
     if has_sm90a:
-        assert KERNEL_CHOICES <= set(choice), choice
+        assert {"sm90", "sm90_tma", "overlap_launches"} <= set(choice), choice
     else:
         assert "sm90" not in choice, choice
 

@@ -24,11 +24,15 @@ struct TileGeometry {
   __device__ static constexpr int offset(int r, int c, int ld) { return kRowMajor ? r * ld + c : c * ld + r; }
 };
 
-template <Method M, bool kARowMajor, bool kBRowMajor>
+// kCompact: fp16 stages of 16 k instead of 32, which halves the fp32 stages and hi/lo tiles in shared memory
+// (at most 133,152 bytes instead of 231,456), for GPUs that allow a block less than the wide configuration
+// needs, such as the A100 (166,912 bytes). Each k-step's products and each chunk's boundaries stay where they
+// were, so the outputs are the same bits. (tf32 stages are 16 k in both.)
+template <Method M, bool kARowMajor, bool kBRowMajor, bool kCompact = false>
 struct GemmConfig {
   using T = MethodTraits<M>;
   static constexpr int kStep = T::kStep;
-  static constexpr int kBlockK = M == Method::fp16 ? 32 : 16;  // k extent of one pipeline stage
+  static constexpr int kBlockK = M == Method::fp16 && !kCompact ? 32 : 16;  // k extent of one pipeline stage
   static constexpr int kStages = 4;                            // fp32 stages in flight (cp.async)
   static_assert((kStages & (kStages - 1)) == 0, "stage slots are taken with a mask");
   using A = TileGeometry<kARowMajor, kBlockM, kBlockK>;
@@ -44,6 +48,18 @@ struct GemmConfig {
   static constexpr std::size_t kSmemBytes = kStageBytes + kSplitBytes + LineScales::kBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one block");
 };
+
+// The most shared memory a block of the WMMA kernel for method M needs, over the four operand layouts.
+template <Method M, bool kCompact>
+constexpr std::size_t wmma_gemm_smem_bytes() {
+  const std::size_t sizes[] = {GemmConfig<M, true, true, kCompact>::kSmemBytes, GemmConfig<M, true, false, kCompact>::kSmemBytes,
+                               GemmConfig<M, false, true, kCompact>::kSmemBytes, GemmConfig<M, false, false, kCompact>::kSmemBytes};
+  std::size_t most = 0;
+  for (const std::size_t bytes : sizes) most = bytes > most ? bytes : most;
+  return most;
+}
+static_assert(wmma_gemm_smem_bytes<Method::fp16, true>() <= 166912 && wmma_gemm_smem_bytes<Method::tf32, false>() <= 166912,
+              "the compact configuration fits an A100's shared memory per block");
 
 // Splits one fp32 stage into hi and lo tiles (same orientation). Each element is scaled by its line's
 // factor first (the power of two of its row of A / column of B, see line_shift). `kScaleAlongInner`: the
@@ -90,10 +106,10 @@ __device__ __forceinline__ void split_stage(const float* stage, typename MethodT
   }
 }
 
-template <Method M, bool kARowMajor, bool kBRowMajor>
+template <Method M, bool kARowMajor, bool kBRowMajor, bool kCompact>
 __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs args) {
   namespace wmma = nvcuda::wmma;
-  using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
+  using Cfg = GemmConfig<M, kARowMajor, kBRowMajor, kCompact>;
   using T = MethodTraits<M>;
   using Split = typename Cfg::Split;
   constexpr int kStep = Cfg::kStep, kBlockK = Cfg::kBlockK, kStages = Cfg::kStages;

@@ -35,6 +35,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -519,11 +520,28 @@ namespace {
 // fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
 // outputs are the same bits). overlap_launches: a kernel may start while the one before it runs (programmatic
 // dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
+// wmma_compact: the WMMA kernel's fp16 GEMM with stages of 16 k (GemmConfig's kCompact), where the device
+// allows a block less shared memory (smem_per_block) than the wide configuration needs.
+// TORCH_WMMAE_SMEM_PER_BLOCK=n takes smem_per_block as at most n bytes, so that tests on an H100/H200 run what a
+// GPU with less shared memory runs.
 struct KernelChoice {
   bool sm90 = false;
   bool sm90_tma = false;
   bool overlap_launches = false;
+  bool wmma_compact = false;
+  std::size_t smem_per_block = 0;
 };
+
+std::size_t smem_per_block(const cudaDeviceProp& props) {
+  std::size_t bytes = props.sharedMemPerBlockOptin;
+  if (const char* cap = std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK")) {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(cap, &end, 10);
+    TORCH_CHECK(*cap != '\0' && *end == '\0', "TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '", cap, "'");
+    bytes = std::min<std::size_t>(bytes, value);
+  }
+  return bytes;
+}
 
 KernelChoice choose_kernels(const cudaDeviceProp& props) {
   KernelChoice choice;
@@ -531,6 +549,8 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
   choice.sm90 = props.major == 9 && props.minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
   choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
 #endif
+  choice.smem_per_block = smem_per_block(props);
+  choice.wmma_compact = !choice.sm90 && wmma_gemm_smem_bytes<Method::fp16, false>() > choice.smem_per_block;
   // Only where the code this device runs was compiled for sm_90 or newer: a build whose only code for an H100
   // is PTX of an older arch (TORCH_CUDA_ARCH_LIST="8.0+PTX") runs with wait_for_prior_grid compiled out, and
   // its kernels would read the workspace before it is ready.
@@ -716,6 +736,19 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
 }
 #endif
 
+template <Method M, bool kARowMajor, bool kBRowMajor, bool kCompact>
+void launch_wmma(const GemmArgs& args, const GemmLaunch& launch) {
+  using Cfg = GemmConfig<M, kARowMajor, kBRowMajor, kCompact>;
+  constexpr auto kernel = corrected_gemm_kernel<M, kARowMajor, kBRowMajor, kCompact>;
+  if (M == Method::tf32 && args.method == Method::automatic) {
+    GemmLaunch exit_launch = launch;
+    exit_launch.grid = tf32_exit_grid(launch.grid, blocks_per_sm<kernel>(kThreads, Cfg::kSmemBytes), launch.sm_count);
+    launch_with_smem<kernel>(Cfg::kSmemBytes, exit_launch, args);
+  } else {
+    launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args);
+  }
+}
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (launch.kernels.sm90) {
@@ -732,16 +765,10 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
     }
 #endif
   } else {
-    using Cfg = GemmConfig<M, kARowMajor, kBRowMajor>;
-    constexpr auto kernel = corrected_gemm_kernel<M, kARowMajor, kBRowMajor>;
-    if (M == Method::tf32 && args.method == Method::automatic) {
-      GemmLaunch exit_launch = launch;
-      exit_launch.grid =
-          tf32_exit_grid(launch.grid, blocks_per_sm<kernel>(kThreads, Cfg::kSmemBytes), launch.sm_count);
-      launch_with_smem<kernel>(Cfg::kSmemBytes, exit_launch, args);
-    } else {
-      launch_with_smem<kernel>(Cfg::kSmemBytes, launch, args);
+    if constexpr (M == Method::fp16) {  // (tf32's stages are 16 k in both configurations: one instantiation)
+      if (launch.kernels.wmma_compact) return launch_wmma<M, kARowMajor, kBRowMajor, true>(args, launch);
     }
+    launch_wmma<M, kARowMajor, kBRowMajor, false>(args, launch);
   }
 }
 
@@ -820,6 +847,16 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
   const KernelChoice kernels = choose_kernels(props);
+  if (!kernels.sm90) {  // before any launch: a GPU that cannot run the WMMA kernel gets this message
+    const std::size_t needed = std::max(kernels.wmma_compact ? wmma_gemm_smem_bytes<Method::fp16, true>()
+                                                             : wmma_gemm_smem_bytes<Method::fp16, false>(),
+                                        wmma_gemm_smem_bytes<Method::tf32, false>());
+    TORCH_CHECK(needed <= kernels.smem_per_block, "corrected_matmul: the portable WMMA GEMM needs ", needed,
+                " bytes of shared memory per block, and this ", props.name, " (compute capability ", props.major, ".",
+                props.minor, ") allows ", kernels.smem_per_block, std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ?
+                " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "", ". The CUDA kernels run on H100/H200 and on GPUs that allow a "
+                "block at least 163 KiB, such as the A100; compute on the CPU elsewhere");
+  }
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
@@ -889,6 +926,7 @@ std::vector<std::string> corrected_matmul_kernel_choice_cuda(const at::Tensor& l
   if (choice.sm90) names.emplace_back("sm90");
   if (choice.sm90_tma) names.emplace_back("sm90_tma");
   if (choice.overlap_launches) names.emplace_back("overlap_launches");
+  if (choice.wmma_compact) names.emplace_back("wmma_compact");
   return names;
 }
 
