@@ -291,9 +291,10 @@ def device_gemm_grid(m: int, n: int, k: int, batch: int = 1, device="cuda") -> l
 
 
 @functools.lru_cache(maxsize=None)
-def extension_has_sm90a_code() -> bool | None:
-    """Whether the built extension holds sm_90a code, read from the binary with cuobjdump (None: no cuobjdump or
-    no binary), independently of what the op reports."""
+def extension_cubin_archs() -> set | None:
+    """The architectures of the built extension's device code (e.g. {"sm_90a"}), from the "arch =" lines of
+    cuobjdump's listing (not the cubins' names, which may omit the "a"; None: no cuobjdump or no binary),
+    independently of what the op reports."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     import sass_report
 
@@ -301,11 +302,15 @@ def extension_has_sm90a_code() -> bool | None:
     tool = sass_report.find_cuobjdump()
     if not binaries or tool is None:
         return None
-    with subprocess.Popen([tool, "-sass", binaries[0]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as listing:
-        found = any(line.strip() == "arch = sm_90a" for line in listing.stdout)
-        listing.kill()
-    return found
+    listing = subprocess.run([tool, "--dump-resource-usage", binaries[0]], capture_output=True, text=True,
+                             check=True).stdout
+    return set(re.findall(r"^arch = (sm_\w+)$", listing, re.MULTILINE))
+
+
+def extension_has_sm90a_code() -> bool | None:
+    """Whether the built extension holds sm_90a code (extension_cubin_archs; None: unknown)."""
+    archs = extension_cubin_archs()
+    return None if archs is None else "sm_90a" in archs
 
 
 def persistent_slots_batch(m: int, n: int, k: int, device="cuda") -> int:

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, READ_BACK_KERNEL, deterministic, device_gemm_grid, extension_has_sm90a_code,
-                      launched_kernels, outputs_at_risk, persistent_slots_batch, poisoned_cuda_pool,
-                      profiler_records_kernels, random_tensor, random_tensor_in_layout, rel_err, requires_cuda,
-                      runs_sm90_gemm)
+from conftest import (DEVICES, READ_BACK_KERNEL, deterministic, device_gemm_grid, extension_cubin_archs,
+                      extension_has_sm90a_code, launched_kernels, outputs_at_risk, persistent_slots_batch,
+                      poisoned_cuda_pool, profiler_records_kernels, random_tensor, random_tensor_in_layout, rel_err,
+                      requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -389,6 +389,9 @@ def test_an_sm90a_build_runs_the_wgmma_kernels_on_hopper(monkeypatch):
     if has_sm90a:
         assert {"sm90", "sm90_tma", "overlap_launches"} <= set(choice), choice
     else:
+        # Only a build for other GPUs lacks it (setup.py builds 9.0 as 9.0a); plain sm_90 code means the build
+        # lost the 'a', and with it the wgmma kernels that the sm_90 tests would then skip.
+        assert "sm_90" not in extension_cubin_archs(), "sm_90 code without sm_90a: the build lost 9.0a"
         assert "sm90" not in choice, choice
 
 
