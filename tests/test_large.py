@@ -11,6 +11,7 @@ with the accuracy contract of the fuzz test). Deselect with `-m "not large"`.
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
@@ -69,6 +70,26 @@ def check_block(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str) 
     assert err <= parity_slack(k) * max(err32, floor), f"{what}rel err {err:.3e} vs float32 {err32:.3e} (floor {floor:.3e})"
 
 
+def poisoned(call, shape, dtype=torch.float32) -> torch.Tensor:
+    """call()'s output, which lands in memory just filled with NaN: the call allocates its output first, in a
+    private pool whose only free block is the poisoned one of the output's size. An element the kernels fail to
+    write stays NaN, which every check here fails, where fresh memory could hold an earlier call's right
+    answer for the same inputs. (Without the caching allocator, as under compute-sanitizer, a plain call.)"""
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        out = call()
+        assert out.shape == shape, (tuple(out.shape), shape)
+        return out
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+        address = poison.data_ptr()
+        del poison
+        out = call()
+    assert out.data_ptr() == address, "the output did not land in the poisoned memory"
+    assert out.shape == shape, (tuple(out.shape), shape)
+    return out
+
+
 def sample_rows(m: int, n: int, gen: torch.Generator, count: int = 12) -> torch.Tensor:
     """The first and last rows, the rows around flat index 2^31 of an (m, n) output, and random rows."""
     edge = [0, 1, INT32_LIMIT // n - 1, INT32_LIMIT // n, INT32_LIMIT // n + 1, m - 2, m - 1]
@@ -112,8 +133,7 @@ def test_matmul_output_beyond_2_31():
     rows = sample_rows(m, n, gen)
     cols = torch.cat([torch.tensor([0, n - 1], device="cuda"), torch.randint(0, n, (6,), device="cuda", generator=gen)])
     for method in METHODS:
-        out = corrected_matmul(a, b, method=method)
-        assert out.shape == (m, n)
+        out = poisoned(lambda: corrected_matmul(a, b, method=method), (m, n))
         what = f"method={method}: "
         check_block(out[rows], a[rows], b, what + "rows: ")
         check_block(out[:, cols], a, b[:, cols], what + "columns: ")
@@ -139,11 +159,11 @@ def test_matmul_a_beyond_2_31(transposed):
     a = _big((m, k), transposed, gen)
     b = torch.randn(k, n, device="cuda", generator=gen)
     for method in METHODS:
-        out = corrected_matmul(a, b, method=method)
-        assert out.shape == (m, n)
+        out = poisoned(lambda: corrected_matmul(a, b, method=method), (m, n))
         for start in range(0, m, BLOCK):
             blk = slice(start, min(start + BLOCK, m))
             check_block(out[blk], a[blk], b, f"method={method} rows {blk.start}..{blk.stop}: ")
+        del out
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["row_major", "col_major"])
@@ -156,11 +176,11 @@ def test_matmul_b_beyond_2_31(transposed):
     a = torch.randn(m, k, device="cuda", generator=gen)
     b = _big((k, n), transposed, gen)
     for method in METHODS:
-        out = corrected_matmul(a, b, method=method)
-        assert out.shape == (m, n)
+        out = poisoned(lambda: corrected_matmul(a, b, method=method), (m, n))
         for start in range(0, n, BLOCK):
             blk = slice(start, min(start + BLOCK, n))
             check_block(out[:, blk], a, b[:, blk], f"method={method} columns {blk.start}..{blk.stop}: ")
+        del out
 
 
 def test_matmul_batched_output_beyond_2_31():
@@ -170,8 +190,7 @@ def test_matmul_batched_output_beyond_2_31():
     gen = cuda_gen(5)
     a = torch.randn(batch, m, k, device="cuda", generator=gen)
     b = torch.randn(batch, k, n, device="cuda", generator=gen)
-    out = corrected_matmul(a, b)
-    assert out.shape == (batch, m, n)
+    out = poisoned(lambda: corrected_matmul(a, b), (batch, m, n))
     rows = sample_rows(m, n, gen)
     for i in range(batch):
         check_block(out[i, rows], a[i, rows], b[i], f"batch {i} rows: ")
@@ -187,7 +206,7 @@ def test_matmul_more_than_65535_batch_entries(method):
     gen = cuda_gen(6)
     a = torch.randn(MANY_BATCHES, 3, 16, device="cuda", generator=gen)
     b = torch.randn(MANY_BATCHES, 16, 5, device="cuda", generator=gen)
-    out = corrected_matmul(a, b, method=method)
+    out = poisoned(lambda: corrected_matmul(a, b, method=method), (MANY_BATCHES, 3, 5))
     assert_matmul_within_dot_product_bound(out, a, b, what=f"method={method}: ")
 
 
@@ -213,8 +232,7 @@ def test_matmul_float32_fallback_beyond_2_31_items():
     alone = torch.rand(batch, device="cuda", generator=gen) < 0.01
     alone[-100:] = True
     b[alone, 1, 0] = 0.0
-    out = corrected_matmul(a, b, method="tf32")
-    assert out.shape == (batch, 1, 1)
+    out = poisoned(lambda: corrected_matmul(a, b, method="tf32"), (batch, 1, 1))
     k = 2
     for start in range(0, batch, 2**26):
         z = slice(start, min(start + 2**26, batch))
@@ -257,7 +275,8 @@ def test_batched_outer_output_beyond_2_31(case):
     gen = cuda_gen(4)
     u = torch.randn(batch, n, device="cuda", generator=gen).to(dtype)
     v = torch.randn(batch, n, device="cuda", generator=gen).to(dtype) if with_v else None
-    out = batched_outer(u, v, alpha=alpha, out_dtype=out_dtype)
+    out = poisoned(lambda: batched_outer(u, v, alpha=alpha, out_dtype=out_dtype), (batch, n, n),
+                   out_dtype or torch.float32)
     assert out.shape == (batch, n, n) and out.dtype == (out_dtype or torch.float32)
     crossing = INT32_LIMIT // (n * n)
     edge = [0, 1, crossing - 1, crossing, crossing + 1, batch - 3, batch - 2, batch - 1]
