@@ -113,7 +113,8 @@ def assert_outer_correct(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor | N
     - elsewhere the result is the float64 reference with the float32 error of `outer_fp32_tolerance`,
       rounded once to out_dtype: out in [R(ref - tol), R(ref + tol)], R = rounding to out_dtype (monotone,
       so this allows exactly the double rounding float32 -> fp16/bf16 of a float32 result within tol).
-      On the CPU tol = 0: out == R(ref), bit for bit.
+      On the CPU tol = 0: out == R(ref), bit for bit, so a zero has the reference's sign wherever tol = 0
+      (where the tensor core sums a product with zeros, -0 may come out +0, as tol allows).
     """
     want_dtype = torch.float32 if out_dtype is None else out_dtype
     assert out.dtype == want_dtype, f"dtype {out.dtype}, expected {want_dtype}"
@@ -136,7 +137,9 @@ def assert_outer_correct(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor | N
     lo = torch.where(finite, lo, ref)
     hi = torch.where(finite, hi, ref)
     out_of_range = finite & ~((got64 >= lo) & (got64 <= hi))
-    for mask, what in ((nan_mismatch, "NaN positions"), (inf_mismatch, "Inf values"), (out_of_range, "values")):
+    zero_sign = finite & (tol == 0) & (ref == 0) & (torch.signbit(got64) != torch.signbit(ref))  # (-0 == +0)
+    for mask, what in ((nan_mismatch, "NaN positions"), (inf_mismatch, "Inf values"), (out_of_range, "values"),
+                       (zero_sign, "signs of zero")):
         assert not mask.any(), f"{what} differ: " + _describe_outer_failure(mask, got64, want_dtype, ref, lo, hi, u, v, alpha)
 
 
