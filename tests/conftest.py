@@ -101,6 +101,27 @@ def leaves(tree) -> list:
     return torch.utils._pytree.tree_leaves(tree)
 
 
+def assert_node_saves_only_the_other_operand(op, operands, differentiated: int, check_gradient) -> None:
+    """op(*operands) with only operands[differentiated] needing a gradient (both are non-leaves, so that they
+    may change in place): its graph node saves one tensor, the other operand, which that gradient reads. The
+    differentiated operand may then change in place and the backward still runs; check_gradient(saved) then
+    checks the gradient against the saved operand's values (float64, on the CPU). A change of the saved
+    operand is refused, as for torch.matmul."""
+    saved_operand = operands[1 - differentiated]
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = op(*operands)
+    assert len(packed) == 1 and packed[0].data_ptr() == saved_operand.data_ptr()
+    saved = saved_operand.detach().cpu().double()
+    operands[differentiated].add_(1.0)
+    out.sum().backward()
+    check_gradient(saved)
+    out = op(*operands)
+    saved_operand.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 def assert_memory_savers_keep_gradients(gen: torch.Generator, op, inputs, saved: int) -> None:
     """Training code's memory savers around an op: its graph node saves `saved` tensors (each passes once through
     saved-tensor hooks), and activation checkpointing (reentrant or not) and save_on_cpu give a plain backward's
