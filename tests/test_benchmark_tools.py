@@ -92,7 +92,6 @@ def test_short_sums_measures_errors_in_units_of_u(tmp_path):
     rows = {(r["m"], r["k"]): r for r in payload["rows"]}
     assert set(rows) == {(1, 1), (1, 8), (1, 32), (256, 32), (256, 256)}
     assert 0.5 < rows[1, 1]["max_u_fp32_cpu"] <= 1.0
-    # The split's error over one product is a few u: above float32's, and bounded.
     # The split's error over one product is a few u: above float32's, and bounded; over 256 terms it is below
     # the sum's rounding, which float32's GEMM has as well. (On the CPU, and with a GPU on CUDA too.)
     for device in ("cpu", "cuda") if "max_u_ours_cuda" in rows[1, 1] else ("cpu",):

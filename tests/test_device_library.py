@@ -55,8 +55,7 @@ MISUSES = {
 def test_misuse_is_refused_at_compile_time(case, tmp_path):
     number, arch, message = MISUSES[case]
     cmd = [NVCC, "-std=c++17", f"-arch=sm_{arch}", f"-I{torch_wmmae.get_include()}", *NO_IMPLICIT_HALF,
-           f"-DMISUSE={number}", "-c",
-           os.path.join(DEVICE_DIR, "misuse.cu"), "-o", str(tmp_path / "misuse.o")]
+           f"-DMISUSE={number}", "-c", os.path.join(DEVICE_DIR, "misuse.cu"), "-o", str(tmp_path / "misuse.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     output = result.stdout + result.stderr
     if message is None:

@@ -77,15 +77,14 @@ def poisoned(call, shape, dtype=torch.float32) -> torch.Tensor:
     answer for the same inputs. (Without the caching allocator, as under compute-sanitizer, a plain call.)"""
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         out = call()
-        assert out.shape == shape, (tuple(out.shape), shape)
-        return out
-    pool = torch.cuda.MemPool()
-    with torch.cuda.use_mem_pool(pool):
-        poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-        address = poison.data_ptr()
-        del poison
-        out = call()
-    assert out.data_ptr() == address, "the output did not land in the poisoned memory"
+    else:
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+            address = poison.data_ptr()
+            del poison
+            out = call()
+        assert out.data_ptr() == address, "the output did not land in the poisoned memory"
     assert out.shape == shape, (tuple(out.shape), shape)
     return out
 

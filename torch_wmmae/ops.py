@@ -295,17 +295,13 @@ def fragment_map(
 
 @torch.library.register_fake("wmmae::fragment_map")
 def _fragment_map_fake(use, m, n, k, dtype, layout=None, arch=None, device=None):
-    # On a CUDA device the number of elements per lane comes from the one C++ table: ask it (outside fake mode)
-    # for arch's layout, or by default the sm_80+ one, which every GPU this package runs on shares with its
-    # measured one.
+    # The shape comes from the real op's CPU table, asked outside fake mode. For a CUDA device: arch's table, or
+    # by default the sm_80+ one, which every GPU this package runs on shares with its measured one. Elsewhere the
+    # call as it is, for the op's own checks (a CPU table needs arch; only CPU and CUDA devices are taken).
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    # Elsewhere the real op runs as it is, for its checks: a CPU table needs arch, and only CPU and CUDA devices
-    # are taken.
     on_cuda = device is not None and torch.device(device).type == "cuda"
+    table_arch = 80 if on_cuda and arch is None else arch
     with unset_fake_temporarily():
-        if on_cuda:
-            table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch if arch is not None else 80, None)
-        else:
-            table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, arch, device)
+        table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, table_arch, None if on_cuda else device)
     return torch.empty(table.shape, dtype=torch.int32, device=device if device is not None else "cpu")
