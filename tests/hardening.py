@@ -162,8 +162,11 @@ NORMWISE_SLACK = 12.0
 
 def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
     """torch.matmul's shape, float32, contiguous, and float32 accuracy two ways:
-    - elementwise, the classical float32 dot-product bound |out - ref| <= (K + 16) u (|a| |b|): K sequential
-      roundings plus the split's error per product (as in the property test of test_corrected_matmul);
+    - elementwise, the classical float32 dot-product bound |out - ref| <= (K' + 16) u (|a| |b|): K' sequential
+      roundings plus the split's error per product (as in the property test of test_corrected_matmul), where
+      K' counts the output's nonzero products (adding an exact zero rounds nothing): K for dense operands,
+      fewer where zeros in a or b leave an output only a few terms, so that a product which mishandles
+      those terms (drops their corrections, say) cannot hide behind the rounding allowance of all K;
     - normwise, within NORMWISE_SLACK of a float32 GEMM of the same operands: the elementwise bound grows like
       K while rounding errors grow like sqrt(K), so from K of about 1000 on it alone would pass a product
       without the correction terms.
@@ -174,15 +177,18 @@ def assert_matmul_within_dot_product_bound(out: torch.Tensor, a: torch.Tensor, b
     assert out.dtype == torch.float32 and out.is_contiguous() and out.device == a.device
     if out.numel() == 0:
         return
-    k = a.shape[-1]
     absprod = torch.matmul(a64.abs(), b64.abs())
-    bound = (k + 16) * U32 * absprod
+    if (a64 == 0).any().item() or (b64 == 0).any().item():
+        terms = torch.matmul((a64 != 0).double(), (b64 != 0).double())
+    else:
+        terms = a.shape[-1]
+    bound = (terms + 16) * U32 * absprod
     err = (out.double() - ref).abs()
     bad = ~(err <= bound)
     if bad.any().item():
         idx = tuple(bad.nonzero()[0].tolist())
         raise AssertionError(
-            f"{what}{int(bad.sum().item())} element(s) outside (K+16)u|a||b| for {tuple(a.shape)} @ "
+            f"{what}{int(bad.sum().item())} element(s) outside (K'+16)u|a||b| for {tuple(a.shape)} @ "
             f"{tuple(b.shape)}; first at {idx}: got {out[idx].item()!r}, float64 {ref[idx].item()!r}, "
             f"bound {bound[idx].item():.3e}"
         )

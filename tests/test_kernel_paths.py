@@ -90,6 +90,49 @@ def test_corrected_matmul_paths(gemm_device, gen, method, a_col, b_col, split_k)
     assert_matmul_within_dot_product_bound(out, a, b, f"{method} a_col={a_col} b_col={b_col}")
 
 
+def _rows_in_k_windows(a: torch.Tensor) -> torch.Tensor:
+    """a (contiguous) with each row zero outside its own window of consecutive k: the windows tile K in order,
+    so that every k-step of the product (the first and the last of each chunk and each split included) is in
+    some row's window."""
+    m, k = a.shape
+    window = torch.arange(k, device=a.device) // -(-k // m)
+    return torch.where(window == torch.arange(m, device=a.device)[:, None], a, torch.zeros((), device=a.device))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+@pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
+def test_corrected_matmul_corrects_every_k_step(gemm_device, gen, method, a_col, b_col, split_k):
+    """300 x 2100 @ 2100 x 40 (3 tiles of rows) where row i of a is nonzero only at k = 7i .. 7i + 6: each
+    output sums 7 products, so its error allowance is that of 7 terms, not of 2100
+    (assert_matmul_within_dot_product_bound counts nonzero products). A product that skipped the correction
+    terms of any single k (the last of a chunk, of a split or of K, say) would put the worst output of that
+    window's rows 60 to 150 times outside its allowance (the check's test below), where the allowance of 2100
+    terms would let it pass or nearly."""
+    a = _rows_in_k_windows(random_tensor(gen, (300, 2100), "normal", gemm_device))
+    if a_col:
+        a = a.mT.contiguous().mT
+    b = random_tensor_in_layout((2100, 40), b_col, gen, gemm_device)
+    assert a.is_contiguous() != a_col and b.is_contiguous() != b_col
+    assert ((a != 0).sum(1) == 7).all()
+    with deterministic(not split_k):
+        out = torch_wmmae.corrected_matmul(a, b, method=method)
+    assert_matmul_within_dot_product_bound(out, a, b, f"{method} a_col={a_col} b_col={b_col}")
+
+
+@pytest.mark.parametrize("k", [0, 1023, 2099])
+def test_k_window_check_catches_one_k_without_corrections(gen, k):
+    """The test above can fail: the float64 product of its inputs with one k's terms reduced to the fp16
+    split's hi * hi (their corrections dropped) fails the check."""
+    a = _rows_in_k_windows(random_tensor(gen, (300, 2100), "normal", dtype=torch.float64))
+    b = random_tensor(gen, (2100, 40), "normal", dtype=torch.float64)
+    hi_a, hi_b = a[:, k].half().double(), b[k].half().double()
+    dropped = (a @ b - (a[:, k, None] * b[k] - hi_a[:, None] * hi_b)).float()
+    with pytest.raises(AssertionError, match="outside"):
+        assert_matmul_within_dot_product_bound(dropped, a.float(), b.float())
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_corrected_matmul_partial_tiles_broadcast_batch(gemm_device, gen, method):
     a = random_tensor(gen, (3, 1, 130, 70), "normal", gemm_device)
