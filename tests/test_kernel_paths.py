@@ -622,6 +622,18 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
         assert_matmul_within_dot_product_bound(outs["1"], a_full, b_full, case)
 
 
+def _assert_auto_took_tf32_on(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tf32_tiles: torch.Tensor) -> None:
+    """"auto"'s output `out` of a @ b (no split of K) has the tf32 method's bits on the outputs of `tf32_tiles`
+    (a mask: the 128-row tiles that hold a row spanning more than fp16 can), where fp16 gives other bits, and
+    the fp16 method's on the other tiles. The dot-product bound alone cannot tell the two apart there: the
+    row's element 2^30 makes its allowance far larger than fp16's loss."""
+    with deterministic():
+        want = {method: torch_wmmae.corrected_matmul(a, b, method=method) for method in ("fp16", "tf32")}
+    assert tf32_tiles.any() and not torch.equal(want["fp16"][tf32_tiles], want["tf32"][tf32_tiles])
+    assert torch.equal(out[tf32_tiles], want["tf32"][tf32_tiles]), "auto's tiles of the wide row are not tf32's"
+    assert torch.equal(out[~tf32_tiles], want["fp16"][~tf32_tiles]), "auto's other tiles are not fp16's"
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["fp16", "auto"])
@@ -657,6 +669,10 @@ def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layou
             assert any(gemm.search(name) for name in kernels[stages]), kernels[stages]
     torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0)
     assert_matmul_within_dot_product_bound(outs["1"], a, b.expand(batch, k, n), layout)
+    if method == "auto":
+        tf32_tiles = torch.zeros(outs["1"].shape, dtype=torch.bool, device="cuda")
+        tf32_tiles[batch // 2, :128] = True
+        _assert_auto_took_tf32_on(outs["1"], a, b, tf32_tiles)
 
 
 @requires_cuda
@@ -894,15 +910,19 @@ STREAM_K_CASES = {
 def test_corrected_matmul_stream_k(gen, monkeypatch, case, stages, method):
     """The stream-K schedule covers every (tile, k-stage) of the product exactly once: a unit missed or taken
     twice puts the elements of that tile far outside the dot-product bound. "auto" with one row of a spanning
-    2^60 sends that row's tiles to the tf32 kernel (its own grid), the others stay with stream-K."""
+    2^62 sends that row's tiles to the tf32 kernel (its own grid, its tiles whole; the float32 fallback after
+    it), the others stay with stream-K. That element meets b's zero row, so the row's products are of N(0, 1)
+    terms only, which fp16's scale for the row (set by 2^62) flushes: the fp16 method fails the bound there,
+    so auto passes it only by taking tf32. (Bits are no check here: a tile that stream-K's atomics add into
+    the output comes out in other last bits than the tf32 method's unsplit tile.)"""
     a_shape, b_shape, a_col, b_col = STREAM_K_CASES[case]
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
     monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "1" if stages == "tma" else "0")
     a = random_tensor_in_layout(a_shape, a_col, gen, "cuda")
     b = random_tensor_in_layout(b_shape, b_col, gen, "cuda")
     if method == "auto":
-        a[..., 7, 1] = 2.0**30
-        a[..., 7, 2] = 2.0**-30
+        a[..., 7, 0] = 2.0**62
+        b[..., 0, :] = 0.0
     m, k = a_shape[-2:]
     n = b_shape[-1]
     batch = math.prod(a_shape[:-2])
@@ -910,7 +930,11 @@ def test_corrected_matmul_stream_k(gen, monkeypatch, case, stages, method):
     tiles, _, _, blocks, _ = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
     assert 1 < blocks <= sms and tiles * batch * ((k + 31) // 32) >= 8 * blocks
     out = torch_wmmae.corrected_matmul(a, b, method=method)
-    assert_matmul_within_dot_product_bound(out, a, b.expand(*a.shape[:-2], *b.shape), case)
+    b_full = b.expand(*a.shape[:-2], *b.shape)
+    assert_matmul_within_dot_product_bound(out, a, b_full, case)
+    if method == "auto":
+        with pytest.raises(AssertionError, match="outside"):
+            assert_matmul_within_dot_product_bound(torch_wmmae.corrected_matmul(a, b, method="fp16"), a, b_full)
 
 
 def _with_large_element_per_line(t: torch.Tensor, lines_dim: int, factor: float = 2.0**40) -> torch.Tensor:
