@@ -192,6 +192,40 @@ def test_same_inputs_on_four_concurrent_streams_agree():
     assert_outer_correct(first[3], u32, None, 0.0, torch.bfloat16)
 
 
+@pytest.mark.parametrize("schedule", ["split_k", "stream_k"])
+def test_split_k_calls_on_four_concurrent_streams_are_each_correct(monkeypatch, schedule):
+    """The test above without deterministic mode: K split across blocks (split-K, or the wgmma kernel's
+    stream-K schedule where it runs), partial sums added by atomics into each call's own output, which its
+    pre-pass zeroes beside its own workspace (line exponents, flags), from 4 streams at once. Bits may differ
+    between calls (atomics add in any order), so every result is checked against the float64 reference:
+    one call's partial sums landing in another's output, or a workspace shared between calls, puts whole
+    K-splits of error into both."""
+    monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1" if schedule == "stream_k" else "0")
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    a = torch.randn(64, 8192, device="cuda", generator=gen)
+    b = torch.randn(8192, 96, device="cuda", generator=gen)
+    a_wide = a * torch.exp2(torch.randint(-20, 21, a.shape, device="cuda", generator=gen).float())
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    _, splits, _, stream_k_blocks, _ = torch.ops.wmmae._corrected_matmul_grid(64, 96, 8192, 1, sms)
+    assert splits > 1 and (stream_k_blocks > 1) == (schedule == "stream_k"), "the shape must split K"
+    streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    results = []
+    for _ in range(6):
+        for s in streams:
+            with torch.cuda.stream(s):
+                results.append((corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"),
+                                corrected_matmul(a, b, method="tf32")))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    for i, (plain, wide, tf32) in enumerate(results):
+        what = f"call {i} (stream {i % NUM_STREAMS}, {schedule}, {stream_k_blocks} stream-K blocks): "
+        assert_matmul_within_dot_product_bound(plain, a, b, what)
+        assert_matmul_within_dot_product_bound(wide, a_wide, b, what + "auto, wide rows: ")
+        assert_matmul_within_dot_product_bound(tf32, a, b, what + "tf32: ")
+
+
 # A fresh process, so that the threads make its first calls of every kernel together.
 _THREADED_CALLS = textwrap.dedent("""
     import random, sys, threading
