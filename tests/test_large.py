@@ -189,13 +189,16 @@ def test_matmul_batched_output_beyond_2_31():
     gen = cuda_gen(5)
     a = torch.randn(batch, m, k, device="cuda", generator=gen)
     b = torch.randn(batch, k, n, device="cuda", generator=gen)
-    out = poisoned(lambda: corrected_matmul(a, b), (batch, m, n))
     rows = sample_rows(m, n, gen)
-    for i in range(batch):
-        check_block(out[i, rows], a[i, rows], b[i], f"batch {i} rows: ")
     # the last rows of the last batch entry lie beyond flat index 2^31 of the whole output
     assert (batch - 1) * m * n + (m - 1) * n > INT32_LIMIT
-    check_block(out[-1, -3:], a[-1, -3:], b[-1], "last rows: ")
+    for method in METHODS:
+        out = poisoned(lambda: corrected_matmul(a, b, method=method), (batch, m, n))
+        for i in range(batch):
+            check_block(out[i, rows], a[i, rows], b[i], f"method={method} batch {i} rows: ")
+        check_block(out[-1, -3:], a[-1, -3:], b[-1], f"method={method} last rows: ")
+        del out
+        torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("method", METHODS)
