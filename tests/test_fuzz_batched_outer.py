@@ -193,19 +193,48 @@ def _edge_values(dtype) -> list[float]:
     return values
 
 
+# Where the CUDA kernel splits a float32 value exactly into three bf16 terms (batched_outer_kernel.cuh's
+# bf16x3_exact): zero, or magnitudes in [2^-109, 2^127). A 16 x 16 tile whose values all lie there takes the
+# tensor-core path; one value outside sends the tile to float32 on the CUDA cores.
+BF16X3_EXACT_RANGE = (2.0**-109, 2.0**127)
+
+
+def _in_bf16x3_range(x: float) -> bool:
+    return x == 0.0 or BF16X3_EXACT_RANGE[0] <= abs(x) < BF16X3_EXACT_RANGE[1]
+
+
+def _split_range_values() -> list[float]:
+    """16 float32 values at the edges of the exact bf16x3 range: its smallest magnitude (and one with a full
+    significand there, whose low terms are subnormal), the largest below 2^127 (whose high term rounds up to
+    2^127, so that products of two overflow in more than one term), values that need all three terms or whose
+    terms carry, signed zeros, and products near float32's smallest normal (1.1 * 2^-63 squared)."""
+    below_2_127 = float(torch.nextafter(torch.tensor(2.0**127, dtype=torch.float32), torch.tensor(0.0)))
+    return [2.0**-109, -(2.0**-109) * (1 + 2.0**-23), below_2_127, -1.5 * 2.0**126, 0.0, -0.0, 1.0,
+            1 + 2.0**-23, -(1 - 2.0**-24), 1.0 / 3.0, -1.5, 1.2345 * 2.0**-60, -1.777 * 2.0**60,
+            2.0**100 * (1 + 2.0**-8 + 2.0**-16 + 2.0**-23), -(2.0**-100), 1.1 * 2.0**-63]
+
+
+# (input dtype, values): float32 has three sets, the others two ("split_range" is float32's tensor-core path).
+EDGE_CASES = [(dtype, values) for dtype in IN_DTYPES
+              for values in (["split_range"] if dtype == torch.float32 else []) + ["finite", "with_nan_inf"]]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("alpha", [0.0, 0.75])
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES[1:], ids=str)
-@pytest.mark.parametrize("with_specials", [False, True], ids=["finite", "with_nan_inf"])
-@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=str)
-def test_all_pairs_of_edge_values(device, in_dtype, with_specials, out_dtype, alpha):
+@pytest.mark.parametrize("in_dtype, values", EDGE_CASES, ids=[f"{d}-{v}" for d, v in EDGE_CASES])
+def test_all_pairs_of_edge_values(device, in_dtype, values, out_dtype, alpha):
     """u and v hold the same 16 edge values in different orders, so the 16 x 16 result holds every pair of
-    them (u_i v_j for all i, j) in one tile. "finite" keeps the tile finite (the GPU's fp32 inputs then take
-    the tensor-core path with the bf16x3 split); "with_nan_inf" replaces three values with NaN, Inf, -Inf."""
-    values = _edge_values(in_dtype)
-    if with_specials:
-        values[7:10] = [math.nan, math.inf, -math.inf]
-    u = torch.tensor(values, dtype=torch.float64).to(in_dtype)
+    them (u_i v_j for all i, j) in one tile. "finite": the dtype's edges, its subnormals and largest values
+    included (float32's lie outside the exact bf16x3 range, so the GPU computes that tile in float32 on the
+    CUDA cores); "split_range" (float32): the edges of that range, all inside it, so that the GPU takes the
+    tensor-core path with the bf16x3 split; "with_nan_inf": "finite" with three values NaN, Inf, -Inf."""
+    edge = _split_range_values() if values == "split_range" else _edge_values(in_dtype)
+    if values == "with_nan_inf":
+        edge[7:10] = [math.nan, math.inf, -math.inf]
+    u = torch.tensor(edge, dtype=torch.float64).to(in_dtype)
+    if in_dtype == torch.float32 and values != "with_nan_inf":
+        assert all(map(_in_bf16x3_range, u.tolist())) == (values == "split_range")
     perm = torch.tensor([(5 * i + 3) % 16 for i in range(16)])
     v = u[perm]
     u2, v2 = torch.stack([u, u.flip(0)]).to(device), torch.stack([v, -v]).to(device)  # a batch of two
