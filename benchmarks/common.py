@@ -92,8 +92,11 @@ def random_inputs(shape, dist: str, gen: torch.Generator) -> torch.Tensor:
 
 
 def rotating_operands(m: int, n: int, k: int, batch: int, l2_bytes: int, dist: str = "uniform") -> tuple:
-    """(a_sets, b_sets): as many input sets of a (m x k) and b (k x n), batched where batch > 1, as make one
-    rotation of inputs and outputs larger than ~3x the L2 (inputs_for_rotation); seeded by the shape."""
+    """(a_sets, b_sets): input sets of a (m x k) and b (k x n), batched where batch > 1, as many as make one
+    rotation of inputs and outputs larger than ~3x the L2, but at most 8 (inputs_for_rotation): smaller
+    problems rotate less (with the 50 MiB L2 of an H100/H200: 1024^3 about 2x the L2, the sweep's M = 128, K =
+    4096 below 3x up to N of about 1000), so their inputs may partly stay in L2, for the op and its baseline
+    alike; seeded by the shape."""
     shape_a = (batch, m, k) if batch > 1 else (m, k)
     shape_b = (batch, k, n) if batch > 1 else (k, n)
     sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2_bytes)
@@ -123,7 +126,7 @@ def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, 
 
 
 def inputs_for_rotation(bytes_per_set: int, l2_bytes: int, max_sets: int = 8) -> int:
-    """How many input sets make one rotation larger than ~3x the L2 cache."""
+    """How many input sets make one rotation larger than ~3x the L2 cache, at most `max_sets`."""
     return max(1, min(max_sets, (3 * l2_bytes) // max(1, bytes_per_set) + 1))
 
 
