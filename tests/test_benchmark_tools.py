@@ -36,7 +36,8 @@ def test_sawtooth_drops():
     fallen = [64 * 5, 64 * 6, 64 * 7, 64 * 8, 64 * 9]  # 7.0 .. 8.6: more than 10% below the 10.6 before them
     assert found["drops"] == fallen
     assert found["valleys"] == fallen  # and below the climb after them too
-    assert set(found["drops"]) <= set(found["nearby"])
+    # nearby: those, and the climb's 9.0, 9.4, 9.8, more than 10% below the 11.0 within five steps after them
+    assert found["nearby"] == fallen + [64 * 10, 64 * 11, 64 * 12]
 
 
 def test_valley_and_step():

@@ -19,14 +19,32 @@ def _readme_python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
 
 
+# An assignment whose comment starts with the result's shape: `name = ...  # (2, 3, 64, 16) ...`.
+_SHAPE_COMMENT = re.compile(r"^(\w+) = .*#\s*(\(\d+(?:, *\d+)*\))")
+
+
+def _with_shape_checks(code: str) -> tuple[str, int]:
+    """`code` with an assert after each assignment whose comment gives the result's shape, and their count."""
+    lines, checks = [], 0
+    for line in code.splitlines():
+        lines.append(line)
+        if found := _SHAPE_COMMENT.match(line):
+            lines.append(f"assert tuple({found[1]}.shape) == {found[2]}, ({found[1]!r}, tuple({found[1]}.shape))")
+            checks += 1
+    return "\n".join(lines), checks
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_readme_examples_run(device, gen, tmp_path):
     """README's Python examples, run as written (on the CPU with "cuda" read as "cpu", less the line that measures
-    the GPU's fragment layout), and what their comments say of the results."""
+    the GPU's fragment layout), and what their comments say of the results: each shape a comment gives, right
+    after its line (c is assigned again later), and the rest below."""
     code = "\n".join(_readme_python_blocks())
     if device == "cpu":
         code = "\n".join(line for line in code.splitlines() if not ("fragment_map(" in line and "device=" in line))
         code = code.replace('"cuda"', '"cpu"')
+    code, shape_checks = _with_shape_checks(code)
+    assert shape_checks >= 3  # c's broadcast product, p, per_sample
     script = tmp_path / "readme_examples.py"  # (a file of their own: torch.compile reads the source of f)
     script.write_text(code)
     scope = runpy.run_path(str(script))
@@ -58,7 +76,8 @@ def test_train_mlp_example(device, tmp_path):
 
 def test_readme_points_to_tests_and_files_that_exist():
     """Every test function README cites (`test_...`) is defined in tests/, and every test file and repository
-    path it names (`tests/...`, `tools/...`, `benchmarks/...`, `examples/...`, `test_*.py`) is there."""
+    path it names (`tests/...`, `tools/...`, `benchmarks/...`, `examples/...`, `test_*.py`) or links to
+    (`[text](path)`, other than web addresses) is there."""
     readme = (REPO_ROOT / "README.md").read_text()
     defined = {name for path in (REPO_ROOT / "tests").glob("test_*.py")
                for name in re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE)}
@@ -66,5 +85,8 @@ def test_readme_points_to_tests_and_files_that_exist():
     assert cited and cited <= defined, f"README cites tests that do not exist: {sorted(cited - defined)}"
     paths = set(re.findall(r"`((?:tests|tools|benchmarks|examples)/[\w./-]+)`", readme))
     paths |= {f"tests/{name}" for name in re.findall(r"`(test_\w+\.py)`", readme)}
+    links = {path for path in re.findall(r"\]\(([^)#\s]+)", readme) if "://" not in path}
+    assert len(links) > 10
+    paths |= links
     missing = sorted(p for p in paths if not (REPO_ROOT / p).exists())
     assert len(paths) > 10 and not missing, f"README names paths that do not exist: {missing}"
