@@ -1290,6 +1290,26 @@ def test_autocast_runs_in_float32(device, gen, dtype):
     assert torch.equal(grads[1], want_grads[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_vmap_under_autocast_runs_in_float32(device, gen, dtype):
+    """torch.vmap of the op under torch.autocast, eager and compiled: vmap's rule runs before the autocast kernel,
+    so it must leave the 16-bit operands to the call it makes (which casts them) instead of refusing them;
+    outside autocast they are still refused with the op's message."""
+    a = random_tensor(gen, (3, 9, 40), "normal", device).to(dtype)
+    b = random_tensor(gen, (40, 7), "normal", device)
+    batched = torch.func.vmap(corrected_matmul, in_dims=(0, None))
+    torch._dynamo.reset()
+    with deterministic():
+        want = corrected_matmul(a.float(), b)
+        with torch.autocast(device_type=device, dtype=dtype):
+            eager = batched(a, b)
+            compiled = torch.compile(lambda x, y: batched(x, y) * 1.0, fullgraph=True)(a, b)
+        with pytest.raises(RuntimeError, match=rf"corrected_matmul: argument 'a' must be float32, got {dtype}"):
+            batched(a, b)
+    assert eager.dtype == compiled.dtype == torch.float32
+    assert torch.equal(eager, want) and torch.equal(compiled, want)
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_compile_reduce_overhead_cuda_graphs(gen):

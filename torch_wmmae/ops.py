@@ -95,16 +95,16 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     return torch.ops.wmmae.corrected_matmul.default(a, b, method)
 
 
-@torch.library.register_fake("wmmae::corrected_matmul")
-def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
+def _check_corrected_matmul_args(a: Tensor, b: Tensor, method: str, *, dtypes: bool = True) -> None:
     # The C++ checks of the method, dtypes, devices and shapes, with their messages, so that eager and compiled
     # calls fail alike (and a meta tensor beside a real one is refused, not given an output of garbage). The
     # layout checks run with the real kernel.
     torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '{method}'")
     torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
     torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
-    torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
-    torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
+    if dtypes:
+        torch._check(a.dtype == torch.float32, lambda: f"corrected_matmul: argument 'a' must be float32, got {a.dtype}")
+        torch._check(b.dtype == torch.float32, lambda: f"corrected_matmul: argument 'b' must be float32, got {b.dtype}")
     torch._check(
         a.device == b.device,
         lambda: f"corrected_matmul: arguments 'a' and 'b' must be on the same device, got a on {a.device} and b on {b.device}",
@@ -128,6 +128,11 @@ def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor
             lambda: f"corrected_matmul: the batch dimensions of 'a' {list(a_batch)} and 'b' {list(b_batch)} do not "
             f"broadcast ('a' has shape {list(a.shape)}, 'b' {list(b.shape)})",
         )
+
+
+@torch.library.register_fake("wmmae::corrected_matmul")
+def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
+    _check_corrected_matmul_args(a, b, method)
     # torch.matmul's shape rules; the result is always contiguous.
     shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
     return a.new_empty(shape)
@@ -143,8 +148,10 @@ def _corrected_matmul_vmap(info, in_dims, a: Tensor, b: Tensor, method: str = "a
     if a_dim is None and b_dim is None:
         return torch.ops.wmmae.corrected_matmul.default(a, b, method), None
     # The op's checks on one sample's shapes, with its messages: the call below sees only the batched ones (and
-    # would take a sample's 0-d operand for the vmapped vector itself).
-    _corrected_matmul_fake(_sample(a, a_dim), _sample(b, b_dim), method)
+    # would take a sample's 0-d operand for the vmapped vector itself). Not the dtypes: under torch.autocast
+    # the operands are still 16-bit here (vmap's rule runs before the autocast kernel), and the call below
+    # casts them, or refuses them with the op's message outside autocast.
+    _check_corrected_matmul_args(_sample(a, a_dim), _sample(b, b_dim), method, dtypes=False)
     a_rank, b_rank = a.dim() - (a_dim is not None), b.dim() - (b_dim is not None)  # of one sample
     a = a if a_dim is None else a.movedim(a_dim, 0)
     b = b if b_dim is None else b.movedim(b_dim, 0)
