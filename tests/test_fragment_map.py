@@ -281,6 +281,9 @@ BAD = {
     "arch75_m32n8k16": (("matrix_a", 32, 8, 16, "half", "row_major"), {"arch": 75}, RuntimeError, r"no analytic sm_75 table.*compute capability 8.0 or newer"),
     "arch75_bf16": (("matrix_b", 16, 16, 16, "bf16", "col_major"), {"arch": 75}, RuntimeError, r"compute capability 8.0 or newer"),
     "arch75_tf32": (("matrix_a", 16, 16, 8, "tf32", "row_major"), {"arch": 75}, RuntimeError, r"compute capability 8.0 or newer"),
+    # a fragment no GPU has: the same message for every arch, not that of a missing table
+    "arch70_float_operand": (("matrix_a", 16, 16, 16, "float", "row_major"), {"arch": 70}, RuntimeError, r"^fragment_map: CUDA has no WMMA fragment matrix_a m16n16k16 float"),
+    "arch75_shape": (("matrix_b", 16, 16, 32, "half", "col_major"), {"arch": 75}, RuntimeError, r"^fragment_map: CUDA has no WMMA fragment matrix_b m16n16k32"),
     "unknown_arch": (("matrix_a", 16, 16, 16, "half", "row_major"), {"arch": 60}, RuntimeError, r"argument 'arch' must be one of 70, 75, 80, 86, 89, 90"),
     "neither": (("matrix_a", 16, 16, 16, "half", "row_major"), {}, ValueError, r"exactly one of arch="),
     "both": (("matrix_a", 16, 16, 16, "half", "row_major"), {"arch": 80, "device": "cuda"}, ValueError, r"exactly one of arch="),

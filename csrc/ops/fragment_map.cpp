@@ -26,6 +26,7 @@ at::Tensor table_from(int num_elements, const std::function<wmmae::RowCol(int, i
 
 at::Tensor analytic_table(const FragmentSpec& spec, std::int64_t arch) {
   if (arch == 70 || arch == 75) {
+    require_sm80_layout(spec);  // a fragment that <mma.h> has on no GPU is named as such, not as a missing table
     TORCH_CHECK(wmmae::sm7x_has_table(spec.use, spec.m, spec.n, spec.k, spec.elem), "fragment_map: no analytic sm_",
                 arch, " table for ", spec.describe(), " (only m16n16k16 half operands with float or half "
                 "accumulators), and device= measures only GPUs of compute capability 8.0 or newer");
