@@ -1,13 +1,24 @@
 // Multiplies two float32 matrices with torch_wmmae::corrected_matmul and prints the error against a float64
-// product, next to torch::matmul's in float32. Runs on the GPU when there is one (and the library has CUDA
-// kernels), else on the CPU.
+// product, next to torch::matmul's in float32. Runs on the GPU when there is one and the library has CUDA
+// kernels (CMake's TORCH_WMMAE_WITH_CUDA=ON), else on the CPU.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 #include <torch_wmmae/ops.h>
 
 #include <cstdio>
 
+// Whether the library was built with its CUDA kernels: a default CMake build has the CPU ones only, and a
+// CUDA tensor would then find no kernel for the operator.
+bool library_has_cuda_kernels() {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("wmmae::corrected_matmul", "");
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
 int main() {
-  const bool gpu = torch::cuda::is_available();
+  const bool gpu = torch::cuda::is_available() && library_has_cuda_kernels();
+  if (torch::cuda::is_available() && !gpu) {
+    std::printf("a GPU is present, but the library has no CUDA kernels (-DTORCH_WMMAE_WITH_CUDA=ON): on the CPU\n");
+  }
   const torch::Device device = gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const int64_t n = gpu ? 2048 : 256;
   torch::manual_seed(0);
