@@ -15,17 +15,26 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
   wmmae::foreach_ij(f, [&](auto xs, int i, int j) { out[xs.first] += i * j; });
   wmmae::foreach_diagonal(f, [&](auto xs, int i) { out[xs.first] += i; });
   out[0] += wmmae::map<Frag>(1, 1).count;
+  // Vectors in and out of every fragment: both placements, a stride, float, double and integer scales, and a
+  // double alpha (README's table).
+  wmmae::load_vector(f, p, 9, 0.5f, 2);
+  wmmae::load_vector(f, p, 9, 0.5);
+  wmmae::load_vector(f, p, 9, 3);
+  wmmae::load_vector<Frag, Mem, wmmae::VectorAs::row0>(f, p, 9);
+  wmmae::load_vector<Frag, Mem, wmmae::VectorAs::column0>(f, p, 9, 2u);
+  wmmae::store_vector(q, f, 7);
+  wmmae::store_vector(q, f, 7, 0.25);
+  wmmae::store_vector<Frag, Mem, wmmae::VectorAs::row0>(q, f, 7, -3);
+  wmmae::make_identity(f, 2.0);
   if constexpr (wmmae::fragment_traits<Frag>::use == wmmae::Use::accumulator) {
     wmmae::load_matrix_with_op(f, p, 40, wmma::mem_row_major, [](Mem v) { return v; });
     wmmae::store_matrix_with_op(q, f, 40, wmma::mem_col_major, wmmae::TileBounds{3, 5}, [](Mem v, int, int) { return v; });
     // op's result converted to the memory type (a half accumulator to float, without implicit conversions).
     wmmae::store_matrix_with_op(out, f, 40, wmma::mem_row_major, wmmae::TileBounds{3, 5}, [](Mem v, int, int) { return v; });
-    wmmae::store_vector(q, f, 7);
     if constexpr (wmmae::has_row_quads<Frag>()) {
       wmmae::foreach_row_quad(f, [&](int i, int j, const auto& quad) { q[i * 40 + j] = quad.v[3]; });
     }
   } else {
-    wmmae::load_vector(f, p, 9, 0.5f, 2);
     wmmae::load_matrix_with_op(f, p, 41, [](Mem v) { return v; });
     wmmae::load_matrix_with_op(f, p, 41, wmmae::TileBounds{5, 3}, Mem(), [](Mem v) { return v; });
     wmmae::load_matrices_with_op(p, 41, [](Mem v, int, int, auto xs, Frag& a, Frag& b) {
