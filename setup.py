@@ -2,7 +2,8 @@
 
 Install against the torch that is already installed: pip install --no-build-isolation .
 CUDA sources are built whenever torch was built with CUDA and nvcc is found; a GPU is not needed.
-Architectures: TORCH_CUDA_ARCH_LIST when set, otherwise DEFAULT_CUDA_ARCHS; 9.0 is built as 9.0a.
+Architectures: TORCH_CUDA_ARCH_LIST when set and not empty, otherwise DEFAULT_CUDA_ARCHS; 9.0 is built as
+9.0a (see cuda_arch_list).
 Set TORCH_WMMAE_CPU_ONLY=1 to skip the CUDA sources (faster builds while working on CPU code).
 """
 import glob
@@ -33,11 +34,41 @@ def package_version() -> str:
         return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.MULTILINE)[1]
 
 
-def cuda_arch_list(spec: str) -> list:
-    """The arch list to build, with 9.0 built as 9.0a: Hopper's own instructions (wgmma, which the fp16
-    corrected GEMM uses) exist only in sm_90a code, which runs on compute capability 9.0 (H100, H200)."""
-    archs = [a for a in spec.replace(" ", ";").split(";") if a]
-    return ["9.0a" + a[3:] if a.startswith("9.0") and not a.startswith("9.0a") else a for a in archs]
+ARCH_ENTRY = re.compile(r"^\d+\.\d+a?(\+PTX)?$")
+
+
+def cuda_arch_list(spec: str) -> tuple:
+    """(torch's arch list, extra nvcc flags) for a TORCH_CUDA_ARCH_LIST value (empty: DEFAULT_CUDA_ARCHS).
+
+    9.0 is built as 9.0a: Hopper's own instructions (wgmma, which the fp16 corrected GEMM uses) exist only in
+    sm_90a code, which runs on compute capability 9.0 (H100, H200). 9.0+PTX is sm_90a code plus compute_90 PTX:
+    torch would write compute_90a PTX for 9.0a+PTX, which no later GPU can run. Torch's arch list cannot say
+    that, and torch adds no -gencode flags of its own where nvcc's flags hold one, so the extra flags are then
+    the -gencode flags of the whole list. Named architectures ("Hopper") and "native" are refused: torch expands
+    them after this point, and 9.0 would then miss sm_90a."""
+    archs, ptx_90 = [], False
+    for entry in (spec.replace(" ", ";").split(";") if spec.strip() else DEFAULT_CUDA_ARCHS.split(";")):
+        if not entry:
+            continue
+        if not ARCH_ENTRY.match(entry):
+            sys.exit(f"torch_wmmae: TORCH_CUDA_ARCH_LIST entries must be compute capabilities such as 8.0, 9.0 or "
+                     f"8.6+PTX, got {entry!r} in {spec!r}")
+        if entry == "9.0+PTX":
+            archs.append("9.0a")
+            ptx_90 = True
+        elif entry.startswith("9.0") and not entry.startswith("9.0a"):
+            archs.append("9.0a")
+        else:
+            archs.append(entry)
+    if not ptx_90:
+        return archs, []
+    extra_flags = []
+    for arch in archs:
+        number = arch.replace("+PTX", "").replace(".", "")
+        extra_flags.append(f"-gencode=arch=compute_{number},code=sm_{number}")
+        if arch.endswith("+PTX"):
+            extra_flags.append(f"-gencode=arch=compute_{number},code=compute_{number}")
+    return archs, extra_flags + ["-gencode=arch=compute_90,code=compute_90"]
 
 
 def torch_release() -> str:
@@ -65,11 +96,11 @@ def extension():
     if not want_cuda():
         return cpp_extension.CppExtension("torch_wmmae._C", rel(cpp_sources), **common)
     # Without an arch list, cpp_extension asks the (possibly absent) GPU for its capability and fails.
-    archs = cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS))
+    archs, arch_flags = cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
     os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     cuda_sources = sorted(glob.glob(os.path.join(CSRC, "ops", "*.cu")))
     # No --use_fast_math: the error-corrected split relies on IEEE rounding of every operation.
-    nvcc_flags = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA"]
+    nvcc_flags = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA", *arch_flags]
     if any(a.startswith("9.0a") for a in archs):
         nvcc_flags.append("-DWMMAE_HAS_SM90A")  # the host may launch the wgmma kernel on sm_90 devices
     common["extra_compile_args"]["nvcc"] = nvcc_flags

@@ -3,6 +3,7 @@ the import error of a library that does not load, the source distribution."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import pathlib
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import textwrap
 
 import pytest
 import torch
@@ -46,6 +48,49 @@ def test_build_takes_the_package_version():
                           timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == torch_wmmae.__version__
+
+
+# TORCH_CUDA_ARCH_LIST -> (torch's arch list, extra nvcc flags) of setup.py's cuda_arch_list.
+ARCH_LISTS = {
+    "9.0": (["9.0a"], []),
+    "8.0;9.0": (["8.0", "9.0a"], []),
+    "8.0 8.6+PTX 9.0": (["8.0", "8.6+PTX", "9.0a"], []),
+    # sm_90a code and portable compute_90 PTX (torch's 9.0a+PTX would be compute_90a PTX, which later GPUs cannot
+    # run), in -gencode flags for the whole list: torch adds none of its own beside them
+    "9.0+PTX": (["9.0a"], ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90"]),
+    "8.0;8.6+PTX;9.0+PTX": (["8.0", "8.6+PTX", "9.0a"],
+                            ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_86,code=sm_86",
+                             "-gencode=arch=compute_86,code=compute_86", "-gencode=arch=compute_90a,code=sm_90a",
+                             "-gencode=arch=compute_90,code=compute_90"]),
+    "9.0a": (["9.0a"], []),
+    "": (["8.0", "9.0a"], []),  # set but empty: the default, as unset
+}
+
+
+def test_cuda_arch_lists():
+    """setup.py's reading of TORCH_CUDA_ARCH_LIST: 9.0 becomes 9.0a (the wgmma kernels), 9.0+PTX keeps PTX that
+    newer GPUs can run, an empty value is the default, and a named architecture or "native" is refused with a
+    message (torch would expand it after the 9.0a rewrite, and an H100 would run the portable kernels)."""
+    script = textwrap.dedent("""
+        import json, runpy, sys
+        sys.argv = ["setup.py", "--version"]
+        cuda_arch_list = runpy.run_path("setup.py")["cuda_arch_list"]
+        def read(spec):
+            try:
+                return cuda_arch_list(spec)
+            except SystemExit as refusal:
+                return str(refusal)
+        print(json.dumps({spec: read(spec) for spec in json.loads(sys.stdin.read())}))
+    """)
+    refused = ("Hopper", "native", "9", "8.0;Ampere")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, input=json.dumps([*ARCH_LISTS, *refused]),
+                          capture_output=True, text=True, timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for spec, (archs, flags) in ARCH_LISTS.items():
+        assert got[spec] == [archs, flags], spec
+    for spec in refused:
+        assert isinstance(got[spec], str) and "must be compute capabilities" in got[spec], (spec, got[spec])
 
 
 def _same_headers(include_dir: pathlib.Path) -> None:
@@ -143,7 +188,7 @@ def source_files() -> set:
 
 def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     """`setup.py sdist` packs every source file (the build reads any header under csrc/; the tests read the
-    examples, tools and committed results) and no build output, and the extension builds from the unpacked
+    examples, tools and committed results) and no build output or test cache, and the extension builds from the unpacked
     sdist, carries the device library's headers, and runs. The build is CPU-only to keep the test short: the file
     check covers the CUDA sources."""
     # From a copy of those files: setuptools also packs whatever an earlier build's egg-info lists.
@@ -153,6 +198,11 @@ def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     for name in files:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / name, checkout / name)
+    # The caches a test run leaves in a working tree (git ignores them; MANIFEST.in's graft would not).
+    caches = ["tests/.hypothesis/constants/0123abcd", "tests/.pytest_cache/v/cache/lastfailed", ".pytest_cache/README.md"]
+    for name in caches:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("cache")
     env = child_process_env(TORCH_WMMAE_CPU_ONLY="1")
     dist = tmp_path / "dist"
     proc = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(dist)], cwd=checkout,
@@ -168,6 +218,8 @@ def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     assert not missing, f"not in the sdist: {sorted(missing)}"
     built = [name for name in packed if name.endswith(BUILD_OUTPUTS) or name.startswith("build/")]
     assert not built, f"build outputs in the sdist: {built}"
+    cached = [name for name in packed if ".hypothesis" in name or ".pytest_cache" in name]
+    assert not cached, f"test caches in the sdist: {cached}"
 
     # Built as an install would lay it out (packages, their data and the extension in one tree), away from the
     # sources: get_include() must find the headers the package carries.
