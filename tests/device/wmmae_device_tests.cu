@@ -227,8 +227,8 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
     err[kMultiLoad] += count_mismatch(ref, got) + count_mismatch(ref, got2);
   }
 
-  // load_vector == zero-padded tile with the vector in its first column (A) / first row (B).
-  if constexpr (Tr::use != Use::accumulator) {
+  // load_vector == zero-padded tile with the vector in its first column (A, accumulators) / first row (B).
+  {
     const int count = kVectorLength - 2;
     load_vector_reference(ref, [&](int e) { return e < count ? src[e * 3] : zero; });
     wmmae::load_vector(got, static_cast<const Mem*>(src), count, 1.0f, 3);
