@@ -158,29 +158,43 @@ def test_many_calls_on_four_streams():
     )
 
 
+def _long_k_operands(gen):
+    """a (64 x 8192), b (8192 x 96): few output tiles, long K (a split-K shape); a_wide: a's elements scaled
+    by up to 2^+-20, so that its rows span up to 2^40 and "auto" must take the tf32 split there (not fp16-safe)."""
+    a = torch.randn(64, 8192, device="cuda", generator=gen)
+    b = torch.randn(8192, 96, device="cuda", generator=gen)
+    a_wide = a * torch.exp2(torch.randint(-20, 21, a.shape, device="cuda", generator=gen).float())
+    return a, b, a_wide
+
+
+def _on_concurrent_streams(rounds, calls):
+    """calls() on each of NUM_STREAMS fresh side streams in turn, `rounds` times (result i from stream
+    i % NUM_STREAMS); the side streams start after the current stream's work, and it waits for theirs."""
+    streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    results = []
+    for _ in range(rounds):
+        for s in streams:
+            with torch.cuda.stream(s):
+                results.append(calls())
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    return results
+
+
 def test_same_inputs_on_four_concurrent_streams_agree():
     """The same calls, issued concurrently on 4 streams many times: every result is bitwise identical
     (corrected_matmul in deterministic mode, where it does not split K) and correct. State shared between
     concurrent calls (a static workspace, a flag array) would make results differ."""
     gen = torch.Generator(device="cuda").manual_seed(7)
-    a = torch.randn(64, 8192, device="cuda", generator=gen)  # few output tiles, long K (a split-K shape)
-    b = torch.randn(8192, 96, device="cuda", generator=gen)
-    # Rows spanning up to 2^40: "auto" must take the tf32 split there (not fp16-safe).
-    a_wide = a * torch.exp2(torch.randint(-20, 21, a.shape, device="cuda", generator=gen).float())
+    a, b, a_wide = _long_k_operands(gen)
     u = torch.randn(4096, 48, device="cuda", generator=gen).half()
     u32 = torch.randn(1024, 100, device="cuda", generator=gen)
-    streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
-    for s in streams:
-        s.wait_stream(torch.cuda.current_stream())
     with deterministic():
-        results = []
-        for _ in range(12):
-            for s in streams:
-                with torch.cuda.stream(s):
-                    results.append((corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"),
-                                    batched_outer(u, alpha=0.5), batched_outer(u32, out_dtype=torch.bfloat16)))
-        for s in streams:
-            torch.cuda.current_stream().wait_stream(s)
+        results = _on_concurrent_streams(12, lambda: (
+            corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"),
+            batched_outer(u, alpha=0.5), batched_outer(u32, out_dtype=torch.bfloat16)))
         torch.cuda.synchronize()
     first = results[0]
     for i, r in enumerate(results[1:], 1):
@@ -202,23 +216,12 @@ def test_split_k_calls_on_four_concurrent_streams_are_each_correct(monkeypatch, 
     K-splits of error into both."""
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1" if schedule == "stream_k" else "0")
     gen = torch.Generator(device="cuda").manual_seed(8)
-    a = torch.randn(64, 8192, device="cuda", generator=gen)
-    b = torch.randn(8192, 96, device="cuda", generator=gen)
-    a_wide = a * torch.exp2(torch.randint(-20, 21, a.shape, device="cuda", generator=gen).float())
+    a, b, a_wide = _long_k_operands(gen)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     _, splits, _, stream_k_blocks, _ = torch.ops.wmmae._corrected_matmul_grid(64, 96, 8192, 1, sms)
     assert splits > 1 and (stream_k_blocks > 1) == (schedule == "stream_k"), "the shape must split K"
-    streams = [torch.cuda.Stream() for _ in range(NUM_STREAMS)]
-    for s in streams:
-        s.wait_stream(torch.cuda.current_stream())
-    results = []
-    for _ in range(6):
-        for s in streams:
-            with torch.cuda.stream(s):
-                results.append((corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"),
-                                corrected_matmul(a, b, method="tf32")))
-    for s in streams:
-        torch.cuda.current_stream().wait_stream(s)
+    results = _on_concurrent_streams(6, lambda: (
+        corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"), corrected_matmul(a, b, method="tf32")))
     for i, (plain, wide, tf32) in enumerate(results):
         what = f"call {i} (stream {i % NUM_STREAMS}, {schedule}, {stream_k_blocks} stream-K blocks): "
         assert_matmul_within_dot_product_bound(plain, a, b, what)
