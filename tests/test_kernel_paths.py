@@ -403,9 +403,12 @@ def test_portable_gemm_refuses_a_gpu_without_enough_shared_memory(gen, monkeypat
     monkeypatch.setenv("TORCH_WMMAE_PORTABLE_GEMM", "1")
     monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", "101376")
     name = re.escape(torch.cuda.get_device_name())
-    with pytest.raises(RuntimeError, match=rf"needs \d+ bytes of shared memory per block, and this {name} "
-                                           rf"\(compute capability \d+\.\d+\) allows 101376"):
+    with pytest.raises(RuntimeError, match=rf"needs (\d+) bytes of shared memory per block, and this {name} "
+                                           rf"\(compute capability \d+\.\d+\) allows 101376") as refused:
         torch_wmmae.corrected_matmul(a, b)
+    # The need named is the compact configuration's, which an A100 has room for.
+    needed = int(re.search(r"needs (\d+) bytes", str(refused.value))[1])
+    assert 101376 < needed <= int(A100_SMEM_PER_BLOCK), needed
     monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", "96k")
     with pytest.raises(RuntimeError, match="TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '96k'"):
         torch_wmmae.corrected_matmul(a, b)

@@ -521,7 +521,8 @@ namespace {
 // outputs are the same bits). overlap_launches: a kernel may start while the one before it runs (programmatic
 // dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
 // wmma_compact: the WMMA kernel's fp16 GEMM with stages of 16 k (GemmConfig's kCompact), where the device
-// allows a block less shared memory (smem_per_block) than the wide configuration needs.
+// allows a block less shared memory (smem_per_block) than the wide configuration needs. wmma_smem_needed: what
+// the WMMA kernels of that configuration need per block (both methods), where sm90 is off.
 // TORCH_WMMAE_SMEM_PER_BLOCK=n takes smem_per_block as at most n bytes, so that tests on an H100/H200 run what a
 // GPU with less shared memory runs.
 struct KernelChoice {
@@ -530,6 +531,7 @@ struct KernelChoice {
   bool overlap_launches = false;
   bool wmma_compact = false;
   std::size_t smem_per_block = 0;
+  std::size_t wmma_smem_needed = 0;
 };
 
 std::size_t smem_per_block(const cudaDeviceProp& props) {
@@ -551,6 +553,11 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 #endif
   choice.smem_per_block = smem_per_block(props);
   choice.wmma_compact = !choice.sm90 && wmma_gemm_smem_bytes<Method::fp16, false>() > choice.smem_per_block;
+  if (!choice.sm90) {
+    choice.wmma_smem_needed = std::max(choice.wmma_compact ? wmma_gemm_smem_bytes<Method::fp16, true>()
+                                                           : wmma_gemm_smem_bytes<Method::fp16, false>(),
+                                       wmma_gemm_smem_bytes<Method::tf32, false>());
+  }
   // Only where the code this device runs was compiled for sm_90 or newer: a build whose only code for an H100
   // is PTX of an older arch (TORCH_CUDA_ARCH_LIST="8.0+PTX") runs with wait_for_prior_grid compiled out, and
   // its kernels would read the workspace before it is ready.
@@ -847,16 +854,13 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.k_splits = grid.k_splits;
   args.k_per_split = grid.k_per_split;
   const KernelChoice kernels = choose_kernels(props);
-  if (!kernels.sm90) {  // before any launch: a GPU that cannot run the WMMA kernel gets this message
-    const std::size_t needed = std::max(kernels.wmma_compact ? wmma_gemm_smem_bytes<Method::fp16, true>()
-                                                             : wmma_gemm_smem_bytes<Method::fp16, false>(),
-                                        wmma_gemm_smem_bytes<Method::tf32, false>());
-    TORCH_CHECK(needed <= kernels.smem_per_block, "corrected_matmul: the portable WMMA GEMM needs ", needed,
-                " bytes of shared memory per block, and this ", props.name, " (compute capability ", props.major, ".",
-                props.minor, ") allows ", kernels.smem_per_block, std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ?
-                " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "", ". The CUDA kernels run on H100/H200 and on GPUs that allow a "
-                "block at least 163 KiB, such as the A100; compute on the CPU elsewhere");
-  }
+  // Before any launch: a GPU that cannot run the WMMA kernels gets this message.
+  TORCH_CHECK(kernels.wmma_smem_needed <= kernels.smem_per_block, "corrected_matmul: the portable WMMA GEMM needs ",
+              kernels.wmma_smem_needed, " bytes of shared memory per block, and this ", props.name,
+              " (compute capability ", props.major, ".", props.minor, ") allows ", kernels.smem_per_block,
+              std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ? " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "",
+              ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
+              "A100; compute on the CPU elsewhere");
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
