@@ -314,8 +314,9 @@ def device_gemm_grid(m: int, n: int, k: int, batch: int = 1, device="cuda") -> l
 @functools.lru_cache(maxsize=None)
 def extension_cubin_archs() -> set | None:
     """The architectures of the built extension's device code (e.g. {"sm_90a"}), from the "arch =" lines of
-    cuobjdump's listing (not the cubins' names, which may omit the "a"; None: no cuobjdump or no binary),
-    independently of what the op reports."""
+    cuobjdump's listing under "Fatbin elf code" (not the cubins' names, which may omit the "a"; not the PTX's
+    entries, e.g. sm_90 for TORCH_CUDA_ARCH_LIST="9.0+PTX"; None: no cuobjdump or no binary), independently of
+    what the op reports."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     import sass_report
 
@@ -325,7 +326,7 @@ def extension_cubin_archs() -> set | None:
         return None
     listing = subprocess.run([tool, "--dump-resource-usage", binaries[0]], capture_output=True, text=True,
                              check=True).stdout
-    return set(re.findall(r"^arch = (sm_\w+)$", listing, re.MULTILINE))
+    return set(re.findall(r"^Fatbin elf code:\n=+\narch = (sm_\w+)$", listing, re.MULTILINE))
 
 
 def extension_has_sm90a_code() -> bool | None:

@@ -915,6 +915,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     ring_start += k_tiles;
     previous_k_tiles = k_tiles;
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // code without wgmma (compute_90 PTX, sm_80): choose_kernels never launches it; fail loudly if it does
 #endif
 }
 
