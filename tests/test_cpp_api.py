@@ -212,7 +212,9 @@ def test_program_using_only_the_dispatcher_keeps_the_library(cpp_build, tmp_path
 
 def test_program_built_from_the_source_tree(tmp_path):
     """add_subdirectory (or FetchContent) of the repository: the program links the same target and gets the same
-    include directories, the device library's included, as from the installed package."""
+    include directories, the device library's included, as from the installed package. That build has the CPU
+    kernels only (CMake's default), so the example program built beside it runs on the CPU, also on a GPU
+    machine."""
     build = tmp_path / "from_source_tree"
     args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", f"-DTORCH_WMMAE_SOURCE={REPO_ROOT}",
             "-DCMAKE_BUILD_TYPE=Release"]
@@ -220,3 +222,9 @@ def test_program_built_from_the_source_tree(tmp_path):
     _run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)])
     out = _run([build / "from_source_tree"])
     assert float(out.split("relative error vs float64:")[1]) < 1e-6, out
+    # The example program with this CPU-only library: on a GPU machine too it runs on the CPU, and says why.
+    out = _run([build / "matmul_example"])
+    no_kernels = "a GPU is present, but the library has no CUDA kernels"
+    assert (no_kernels in out) == torch.cuda.is_available() and "cpu, 256 x 256 x 256" in out, out
+    ours = float(out.split("corrected_matmul relative error vs float64:")[1].split()[0])
+    assert ours < 1e-6, out
