@@ -916,9 +916,9 @@ def test_corrected_matmul_stream_k(gen, monkeypatch, case, stages, method):
     2^62 sends that row's tiles to the tf32 kernel (its own grid, its tiles whole; the float32 fallback after
     it), the others stay with stream-K. That element meets b's zero row, so the row's products are of N(0, 1)
     terms only, which fp16's scale for the row (set by 2^62) flushes: the fp16 method fails the bound there,
-    so auto passes it only by taking tf32. (Bits are no check here: under the stream-K plan auto's tf32 tiles
-    came out in other last bits than the tf32 method's in deterministic mode, the only reference without
-    stream-K's own atomics; H200, every case.)"""
+    so auto passes it only by taking tf32. (Bits are no check here: auto's tf32 kernel keeps the plan's split
+    of K, 3 to 10 splits added by atomics in these cases, where the tf32 method in deterministic mode, the only
+    reference without stream-K, sums each tile unsplit; on the H200 the last bits differed in every case.)"""
     a_shape, b_shape, a_col, b_col = STREAM_K_CASES[case]
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1")
     monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", "1" if stages == "tma" else "0")
