@@ -29,7 +29,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul
 
-from conftest import child_process_env, deterministic, requires_cuda
+from conftest import child_process_env, deterministic, device_gemm_grid, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct, env_int
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
@@ -217,8 +217,7 @@ def test_split_k_calls_on_four_concurrent_streams_are_each_correct(monkeypatch, 
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1" if schedule == "stream_k" else "0")
     gen = torch.Generator(device="cuda").manual_seed(8)
     a, b, a_wide = _long_k_operands(gen)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    _, splits, _, stream_k_blocks, _ = torch.ops.wmmae._corrected_matmul_grid(64, 96, 8192, 1, sms)
+    _, splits, _, stream_k_blocks, _ = device_gemm_grid(a.shape[0], b.shape[1], a.shape[1])
     assert splits > 1 and (stream_k_blocks > 1) == (schedule == "stream_k"), "the shape must split K"
     results = _on_concurrent_streams(6, lambda: (
         corrected_matmul(a, b), corrected_matmul(a_wide, b, method="auto"), corrected_matmul(a, b, method="tf32")))
