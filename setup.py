@@ -56,7 +56,7 @@ def cuda_arch_list(spec: str) -> tuple:
         if entry == "9.0+PTX":
             archs.append("9.0a")
             ptx_90 = True
-        elif entry.startswith("9.0") and not entry.startswith("9.0a"):
+        elif entry == "9.0":
             archs.append("9.0a")
         else:
             archs.append(entry)
