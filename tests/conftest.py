@@ -341,7 +341,7 @@ def persistent_slots_batch(m: int, n: int, k: int, device="cuda") -> int:
     0 where the plan keeps the grid."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     batch = 2 * (sms // 4) + 3
-    return batch if torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)[4] else 0
+    return batch if device_gemm_grid(m, n, k, batch, device)[4] else 0
 
 
 def child_process_env(**extra: str) -> dict:

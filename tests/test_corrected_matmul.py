@@ -669,8 +669,7 @@ def test_float32_fallback_gives_the_cpu_emulations_bits(method, case):
     a[..., 1, 5] = math.nan
     b[..., 3, 1] = math.inf
     if case == "split_k":
-        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-        assert torch.ops.wmmae._corrected_matmul_grid(64, 96, 16384, 1, sm_count)[1] > 1, "no split-K on this GPU"
+        assert device_gemm_grid(64, 96, 16384)[1] > 1, "no split-K on this GPU"
     a_dev = a.mT.contiguous().cuda().mT if a_t else a.cuda()
     b_dev = b.mT.contiguous().cuda().mT if b_t else b.cuda()
     out = corrected_matmul(a_dev, b_dev, method=method)
@@ -720,8 +719,7 @@ def test_float32_fallback_beside_stream_k():
     """"auto" with an fp16 GEMM that runs stream-K (128 x 11520 x 4096 on 132 SMs) where every output is at risk:
     the fp16 GEMM leaves every tile to the tf32 one, and the fallback overwrites its outputs with the emulation's
     bits (compared on 256 columns)."""
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    assert torch.ops.wmmae._corrected_matmul_grid(128, 11520, 4096, 1, sm_count)[3] > 0, "no stream-K on this GPU"
+    assert device_gemm_grid(128, 11520, 4096)[3] > 0, "no stream-K on this GPU"
     gen = torch.Generator().manual_seed(11)
     a, b = outputs_at_risk(gen, (128, 4096), (4096, 11520))
     out = corrected_matmul(a.cuda(), b.cuda())

@@ -265,8 +265,7 @@ def test_corrected_matmul_flush_paths(gemm_device, gen, case):
     a[3] *= a_row_scale
     b[:, 130] *= b_col_scale
     if gemm_device == "cuda" and split_k:
-        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        assert torch.ops.wmmae._corrected_matmul_grid(m, n, k, 1, sms)[1] > 1, "the shape must split K"
+        assert device_gemm_grid(m, n, k)[1] > 1, "the shape must split K"
     with deterministic(not split_k):
         out = torch_wmmae.corrected_matmul(a, b, method="fp16")
     assert_matmul_within_dot_product_bound(out, a, b, case)
@@ -282,8 +281,7 @@ def test_corrected_matmul_split_k_output_starts_from_garbage(gen, monkeypatch, m
     monkeypatch.setenv("TORCH_WMMAE_STREAM_K", "1" if schedule == "stream_k" else "0")
     a = random_tensor(gen, (48, 2100), "normal", "cuda")
     b = random_tensor(gen, (2100, 40), "normal", "cuda")
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles, splits, _, stream_k_blocks, _ = torch.ops.wmmae._corrected_matmul_grid(48, 40, 2100, 1, sms)
+    tiles, splits, _, stream_k_blocks, _ = device_gemm_grid(48, 40, 2100)
     assert splits > 1 and (stream_k_blocks > 1) == (schedule == "stream_k"), "the shape must split K"
     with poisoned_cuda_pool(float("nan")):  # the call's output (and workspace) are carved from NaN
         out = torch_wmmae.corrected_matmul(a, b, method=method)
@@ -931,7 +929,7 @@ def test_corrected_matmul_stream_k(gen, monkeypatch, case, stages, method):
     n = b_shape[-1]
     batch = math.prod(a_shape[:-2])
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles, _, _, blocks, _ = torch.ops.wmmae._corrected_matmul_grid(m, n, k, batch, sms)
+    tiles, _, _, blocks, _ = device_gemm_grid(m, n, k, batch)
     assert 1 < blocks <= sms and tiles * batch * ((k + 31) // 32) >= 8 * blocks
     out = torch_wmmae.corrected_matmul(a, b, method=method)
     b_full = b.expand(*a.shape[:-2], *b.shape)
