@@ -581,10 +581,9 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
     a = _strided_matrix(gen, a_shape, a_ld, 0, col_major=a_col)
     b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
     if magnitudes == "wide":
-        for t in (a, b):
-            t.mul_(torch.exp2(torch.rand(t.shape, generator=gen, dtype=torch.float64) * 80 - 40).float().cuda())
-        a[1, 7, 100] = float("inf")
-        b[2, 250, 9] = float("nan")
+        _make_wide(gen, a, b)
+    # (K = 64 of many_batch_entries: the GEMM's tiles would fold their line ranges themselves.)
+    monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "0")
     outs, kernels = {}, {}
     for resident in ("1", "0"):  # by default, and turned off
         if resident == "1":
@@ -601,26 +600,41 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
         assert any(BESIDE_PREPASS_GEMM.search(name) for name in kernels["1"]) == applies, kernels["1"]
     for name in kernels["0"]:
         assert RESIDENT_PREPASS_KERNEL not in name and not BESIDE_PREPASS_GEMM.search(name), kernels["0"]
+    _assert_matmul_on_magnitudes(outs["1"], a, b, magnitudes, method, case)
+
+
+def _make_wide(gen, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Scales a and b in place by 2^U(-40, 40) per element, and puts an Inf into a and a NaN into b."""
+    for t in (a, b):
+        t.mul_(torch.exp2(torch.rand(t.shape, generator=gen, dtype=torch.float64) * 80 - 40).float().cuda())
+    a[(1,) * (a.dim() - 2) + (7, a.shape[-1] // 2)] = float("inf")
+    b[(min(2, b.shape[0] - 1),) * (b.dim() - 2) + (b.shape[-2] - 1, 9)] = float("nan")
+
+
+def _assert_matmul_on_magnitudes(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, magnitudes: str, method: str,
+                                 case: str) -> None:
+    """out is a @ b (batch dimensions broadcast): within the dot-product bound on "normal" inputs; on "wide"
+    ones (_make_wide), NaN and Inf where float64 has them and, for "auto", float32 accuracy (fp16 is not
+    accurate on such spans, by design, and an Inf meeting an element that vanishes in fp16 gives NaN (README):
+    there only where the non-finite values land is checked)."""
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_full, b_full = a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])
-    if magnitudes == "wide":
-        ref = torch.matmul(a_full.double(), b_full.double())
-        out = outs["1"]
-        finite = torch.isfinite(ref)
-        if method == "fp16":
-            # fp16 is not accurate on such spans, by design, and an Inf meeting an element that vanishes in
-            # fp16 gives NaN (README): only where the non-finite values land is checked.
-            assert torch.isnan(out[torch.isnan(ref)]).all(), "NaN wherever float64 has NaN"
-            inf = torch.isinf(ref)
-            assert ((out[inf].double() == ref[inf]) | torch.isnan(out[inf])).all(), "Inf (or NaN) where float64 has Inf"
-            assert torch.isfinite(out[finite]).all(), "finite wherever float64 is finite"
-        else:
-            assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN exactly where float64 has NaN"
-            assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)].float()), "Inf as in float64"
-            rel = ((out.double() - ref)[finite].norm() / ref[finite].norm()).item()
-            assert rel < 1e-6, f"relative error {rel:.3e} on 2^+-40 magnitudes"
+    if magnitudes != "wide":
+        assert_matmul_within_dot_product_bound(out, a_full, b_full, case)
+        return
+    ref = torch.matmul(a_full.double(), b_full.double())
+    finite = torch.isfinite(ref)
+    assert torch.isnan(ref).any() and torch.isinf(ref).any(), "the case must reach both NaN and Inf outputs"
+    if method == "fp16":
+        assert torch.isnan(out[torch.isnan(ref)]).all(), "NaN wherever float64 has NaN"
+        inf = torch.isinf(ref)
+        assert ((out[inf].double() == ref[inf]) | torch.isnan(out[inf])).all(), "Inf (or NaN) where float64 has Inf"
+        assert torch.isfinite(out[finite]).all(), "finite wherever float64 is finite"
     else:
-        assert_matmul_within_dot_product_bound(outs["1"], a_full, b_full, case)
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN exactly where float64 has NaN"
+        assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)].float()), "Inf as in float64"
+        rel = ((out.double() - ref)[finite].norm() / ref[finite].norm()).item()
+        assert rel < 1e-6, f"relative error {rel:.3e} on 2^+-40 magnitudes"
 
 
 def _assert_auto_took_tf32_on(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tf32_tiles: torch.Tensor) -> None:
@@ -696,6 +710,91 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
     kernels = _launched_kernels(lambda: out.setdefault("c", torch_wmmae.corrected_matmul(a, b)))
     assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels) == resident, kernels
     assert_matmul_within_dot_product_bound(out["c"], a, b, str(shape))
+
+
+# The line ranges folded by the fp16 GEMM's tiles from their own stages (GemmArgs::tile_line_ranges), where K fits
+# in the stages a tile issues at its start (K <= 96) and TMA reads both operands in place; no pre-pass runs then.
+# By default only where a batch entry's output is one tile; TORCH_WMMAE_TILE_RANGES=1 wherever it can run, =0
+# nowhere. (a as (shape, line stride, column-major), b likewise, magnitudes, whether it can run.) Every layout
+# (k-inner and line-inner stage tiles), K from 1 to 96 (partial stages: TMA's zeros past K), partial tiles, a
+# single matrix and a batch (one tile per entry, and entries of several tiles that fold the same lines), a
+# broadcast b, magnitudes over 2^+-40 with an Inf and a NaN (the exact re-fold), and where it cannot run: K = 97,
+# and an operand that TMA cannot read (a line stride of 137 elements).
+TILE_RANGE_CASES = {
+    "k64_row_row_batched": (((6, 200, 64), 64, False), ((6, 64, 136), 136, False), "normal", True),
+    "k1_row_row": (((130, 1), 4, False), ((1, 260), 260, False), "normal", True),
+    "k48_one_tile": (((100, 48), 48, False), ((48, 120), 120, False), "normal", True),
+    "k17_a_col": (((3, 130, 17), 132, True), ((3, 17, 72), 72, False), "normal", True),
+    "k32_b_col_broadcast": (((5, 130, 32), 32, False), ((32, 257), 36, True), "normal", True),
+    "k96_both_col": (((2, 256, 96), 256, True), ((2, 96, 128), 96, True), "normal", True),
+    "k64_one_tile_per_entry": (((300, 128, 64), 64, False), ((300, 64, 128), 128, False), "normal", True),
+    "k96_one_tile_per_entry_a_col": (((20, 120, 96), 120, True), ((20, 96, 128), 128, False), "normal", True),
+    "k72_wide_inf_nan": (((4, 130, 72), 72, False), ((4, 72, 136), 72, True), "wide", True),
+    "k40_one_tile_wide_inf_nan": (((4, 128, 40), 40, False), ((4, 40, 100), 40, True), "wide", True),
+    "k97": (((4, 130, 97), 100, False), ((4, 97, 136), 136, False), "normal", False),
+    "k64_no_tma": (((4, 130, 64), 64, False), ((4, 64, 136), 137, False), "normal", False),
+}
+PREPASS_KERNEL = "prepass_kernel"  # (the grid pre-pass, prepass_kernel, and resident_prepass_kernel)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("case", list(TILE_RANGE_CASES))
+def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
+    """The GEMM's tiles find the same line ranges in their stages as the pre-pass does in global memory (so the
+    same output bits), the output is correct, and no pre-pass runs exactly where the rule (or the switch) says."""
+    (a_shape, a_ld, a_col), (b_shape, b_ld, b_col), magnitudes, can = TILE_RANGE_CASES[case]
+    a = _strided_matrix(gen, a_shape, a_ld, 0, col_major=a_col)
+    b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
+    if magnitudes == "wide":
+        _make_wide(gen, a, b)
+    one_tile = a_shape[-2] <= 128 and b_shape[-1] <= 128
+    outs, kernels = {}, {}
+    for switch in ("default", "1", "0"):
+        if switch == "default":
+            monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", switch)
+        with deterministic():
+            kernels[switch] = _launched_kernels(
+                lambda: outs.setdefault(switch, torch_wmmae.corrected_matmul(a, b, method=method)))
+    for switch in ("default", "1"):
+        torch.testing.assert_close(outs[switch], outs["0"], rtol=0, atol=0, equal_nan=True)
+    if _sees_sm90_kernels():
+        for switch, folds in (("default", can and one_tile), ("1", can), ("0", False)):
+            assert any(PREPASS_KERNEL in name for name in kernels[switch]) != folds, (switch, kernels[switch])
+    _assert_matmul_on_magnitudes(outs["default"], a, b, magnitudes, method, case)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("m, n", [(128, 128), (300, 400)], ids=["one_tile", "3x4_tiles"])
+def test_corrected_matmul_tile_line_ranges_leave_auto_tiles_to_tf32(gen, monkeypatch, batch, m, n):
+    """auto where the tiles fold their line ranges (3 x 4 tiles: TORCH_WMMAE_TILE_RANGES=1): a tile with a row that
+    spans more than fp16 can goes to the tf32 GEMM, which reads that tile's line ranges from the workspace where
+    the fp16 GEMM's tile left them; the other tiles of the same rows of A (all tiles of the first row of tiles)
+    go too, the rest stay fp16."""
+    if (m, n) == (128, 128):
+        monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "1")
+    k = 64
+    a = random_tensor(gen, (batch, m, k), "normal", "cuda")
+    b = random_tensor(gen, (batch, k, n), "normal", "cuda")
+    a[batch - 1, 7, 1] = 2.0**30
+    a[batch - 1, 7, 2] = 2.0**-30
+    outs = {}
+    with deterministic():
+        kernels = _launched_kernels(lambda: outs.setdefault("auto", torch_wmmae.corrected_matmul(a, b)))
+    if _sees_sm90_kernels():
+        assert not any(PREPASS_KERNEL in name for name in kernels), kernels
+        assert any(TF32_KERNEL.search(name) for name in kernels), kernels
+    tf32_tiles = torch.zeros(outs["auto"].shape, dtype=torch.bool, device="cuda")
+    tf32_tiles[batch - 1, :128] = True
+    _assert_auto_took_tf32_on(outs["auto"], a, b, tf32_tiles)
+    assert_matmul_within_dot_product_bound(outs["auto"], a, b, "auto")
 
 
 @requires_cuda

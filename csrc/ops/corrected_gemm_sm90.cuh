@@ -193,6 +193,57 @@ __device__ __forceinline__ void stagger_start(int stagger_blocks) {
   }
 }
 
+// For GemmArgs::tile_line_ranges: line `line` of one operand's stage tile (A's or B's StageTile), folded from
+// shared memory into four independent folds (MagnitudeKeys or MagnitudeBits: four dependency chains, not one) as
+// the pre-pass folds it from global memory: the same bits (TMA's zeros past K and past the matrix count for
+// nothing). kKInner: the line runs along the tile's inner dimension (A row-major, B column-major); a thread reads
+// its line's 16-byte chunks, which the 128-byte swizzle spreads over all banks across the 8 lines of a period.
+// Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row.
+template <class Tile, bool kKInner, class Fold>
+__device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line) {
+  if constexpr (kKInner) {
+    float4 v[kBlockK / 4];
+#pragma unroll
+    for (int q = 0; q < kBlockK / 4; ++q) v[q] = *reinterpret_cast<const float4*>(tile + Tile::offset(line, 4 * q));
+#pragma unroll
+    for (int q = 0; q < kBlockK / 4; ++q) {
+      folds[0].include(v[q].x);
+      folds[1].include(v[q].y);
+      folds[2].include(v[q].z);
+      folds[3].include(v[q].w);
+    }
+  } else {
+    float v[kBlockK];
+#pragma unroll
+    for (int c = 0; c < kBlockK; ++c) v[c] = tile[Tile::offset(c, line)];
+#pragma unroll
+    for (int c = 0; c < kBlockK; ++c) folds[c % 4].include(v[c]);
+  }
+}
+
+// The exponent range of that line over the k_tiles stages of the ring from slot first_slot on (slot 0's tile at
+// `stages`), from the four folds of its keys (fold_stage_line over the same stages): where they saw an Inf or
+// NaN, the stages are folded again exactly (see MagnitudeKeys).
+template <class Tile, bool kKInner>
+__device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], const float* stages, int first_slot,
+                                                int k_tiles, int line) {
+  MagnitudeKeys all = keys[0];
+#pragma unroll
+  for (int j = 1; j < 4; ++j) all.include(keys[j]);
+  MagnitudeBits bits = all.bits();
+  if (!all.exact()) {
+    MagnitudeBits exact[4] = {MagnitudeBits::none(), MagnitudeBits::none(), MagnitudeBits::none(),
+                              MagnitudeBits::none()};
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      fold_stage_line<Tile, kKInner>(exact, stages + ((first_slot + kt) & (kStages - 1)) * Tile::kFloats, line);
+    }
+    bits = exact[0];
+#pragma unroll
+    for (int j = 1; j < 4; ++j) bits.include(exact[j]);
+  }
+  return bits.exponent_range();
+}
+
 // The GEMM's wait for the line ranges of batch entry z from the resident pre-pass: every item of the entry
 // has released its count (see resident_prepass_kernel).
 __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done, std::int64_t z, int items) {
@@ -448,7 +499,36 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     } else {
       wait_for_prior_grid();
     }
-    const TileLines lines = load_line_scales<kM>(args, scales, z, m0, n0);
+    // Where K is short (GemmArgs::tile_line_ranges), the line ranges come from the tile's own stages: all of them
+    // were issued above (K fits in kStages - 1), and each thread folds its line from each stage as it lands. auto's
+    // tiles that go to the tf32 kernel leave it their lines' ranges in the pre-pass's arrays (zeroed, complete
+    // before the tf32 kernel starts after this grid).
+    auto fold_line_scales = [&]() {
+      const int r = threadIdx.x;  // (A's rows in warps 0-3, B's columns in warps 4-7: no divergence)
+      MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
+                               MagnitudeKeys::none()};
+      for (int s = 0; s < k_tiles; ++s) {
+        wait_tma_stage(s);
+        if (r < kBlockM) {
+          fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r);
+        } else {
+          fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM);
+        }
+      }
+      std::int64_t index;
+      const bool in_matrix = tile_line_index(args, z, m0, n0, r, index);
+      const ExponentRange range = r < kBlockM
+                                      ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r)
+                                      : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
+      const TileLines found = line_scales_from<kM>(scales, in_matrix, range);
+      if (args.method == Method::automatic && !found.fp16_safe && in_matrix) {
+        (r < kBlockM ? args.a_ranges : args.b_ranges).merge(index, range);
+      }
+      return found;
+    };
+    constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;  // (see tile_line_ranges_apply)
+    const TileLines lines = kTileRangesCode && args.tile_line_ranges ? fold_line_scales()
+                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);
     // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those.
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
       if (!kTf32 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;

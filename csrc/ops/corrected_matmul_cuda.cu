@@ -141,6 +141,10 @@ struct GemmArgs {
   // GEMM waits for instead of the whole pre-pass grid; null with the grid pre-pass.
   const int* prepass_items_done;
   int prepass_items_per_batch;
+  // The wgmma fp16 GEMM with TMA stages folds its tile's line ranges itself from the stages it holds, in place of
+  // any pre-pass: where K fits in the stages that a tile issues at its start (sm90::tile_line_ranges_apply).
+  // auto's tiles that it leaves to the tf32 GEMM merge their lines' ranges into a_ranges and b_ranges for it.
+  bool tile_line_ranges;
   // The wgmma fp16 GEMM's blocks [0, start_stagger_blocks) start a little apart (sm90::stagger_start); 0: none.
   int start_stagger_blocks;
   int tile_group_rows;  // tile_origin's group height (gemm_tile_group_rows)
@@ -399,33 +403,28 @@ __device__ __forceinline__ bool tile_spans_fit_tf32(const int* warp_span) {
   return tf32_spans_fit(row_span, col_span);
 }
 
-// Line r of the tile at (m0, n0) of batch entry z: row m0 + r of A for r < kBlockM, else column n0 + r - kBlockM
-// of B. Past the matrix's edge it returns false and leaves `range` as it was; otherwise it loads the line's
-// exponent range from the pre-pass into `range`. (A branch, not an empty range, around the use: the GEMMs'
-// register allocation turned on the difference.)
-__device__ __forceinline__ bool load_tile_line_range(const GemmArgs& args, std::int64_t z, std::int64_t m0,
-                                                     std::int64_t n0, int r, ExponentRange& range) {
+// Line r of the tile at (m0, n0): row m0 + r of A for r < kBlockM, else column n0 + r - kBlockM of B; whether it
+// lies inside the matrix, and its index in batch entry z's line ranges (RangeArrays) where it does.
+__device__ __forceinline__ bool tile_line_index(const GemmArgs& args, std::int64_t z, std::int64_t m0, std::int64_t n0,
+                                                int r, std::int64_t& index) {
   const bool is_a = r < kBlockM;
   const std::int64_t line = is_a ? m0 + r : n0 + (r - kBlockM), extent = is_a ? args.m : args.n;
-  if (line >= extent) return false;
-  range = (is_a ? args.a_ranges : args.b_ranges).load(z * extent + line);
-  return true;
+  index = z * extent + line;
+  return line < extent;
 }
 
-// Fills the line scales of method M of the tile at (m0, n0) of batch entry z from the exponent pre-pass and
-// says what it found (TileLines). Thread r takes line r: rows of A in warps 0-3, columns of B in warps 4-7.
-// Block-wide barriers.
+// Fills the line scales of method M of a tile from the exponent range of thread r's line (r = threadIdx.x:
+// rows of A in warps 0-3, columns of B in warps 4-7; `in_matrix` false past the matrix's edge, where the line
+// is not scaled and decides nothing) and says what it found (TileLines). Block-wide barriers.
 template <Method M>
-__device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
-                                             std::int64_t m0, std::int64_t n0) {
+__device__ inline TileLines line_scales_from(const LineScales& ls, bool in_matrix, const ExponentRange& range) {
   static_assert(kBlockM + kBlockN == kThreads && kBlockM % 32 == 0,
                 "a line per thread, A's and B's in whole warps");
   const int r = threadIdx.x;
   const bool is_a = r < kBlockM;
-  int shift = 0, span = 0;  // a line past the edge: no scaling, and it decides nothing
+  int shift = 0, span = 0;
   bool line_fp16_safe = true;
-  ExponentRange range;
-  if (load_tile_line_range(args, z, m0, n0, r, range)) {
+  if (in_matrix) {
     shift = line_shift<M>(range);
     span = exponent_span(range);
     line_fp16_safe = fp16_safe(range);
@@ -439,6 +438,26 @@ __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineSca
   // (warp_span is read after the barriers above)
   if constexpr (M == Method::tf32) lines.beyond_split_limit = !tile_spans_fit_tf32(ls.warp_span);
   return lines;
+}
+
+// Past the matrix's edge it returns false and leaves `range` as it was; otherwise it loads line r's exponent
+// range from the pre-pass into `range`.
+__device__ __forceinline__ bool load_tile_line_range(const GemmArgs& args, std::int64_t z, std::int64_t m0,
+                                                     std::int64_t n0, int r, ExponentRange& range) {
+  std::int64_t index;
+  if (!tile_line_index(args, z, m0, n0, r, index)) return false;
+  range = (r < kBlockM ? args.a_ranges : args.b_ranges).load(index);
+  return true;
+}
+
+// line_scales_from the pre-pass's line ranges of the tile at (m0, n0) of batch entry z. (A branch, not an empty
+// range, around the use: the GEMMs' register allocation turned on the difference.)
+template <Method M>
+__device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
+                                             std::int64_t m0, std::int64_t n0) {
+  ExponentRange range;
+  const bool in_matrix = load_tile_line_range(args, z, m0, n0, threadIdx.x, range);
+  return line_scales_from<M>(ls, in_matrix, range);
 }
 
 // One chunk's result for an output element: the hi*hi sum plus the unscaled corrections, or the hi*hi sum
@@ -566,9 +585,11 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 }
 
 // Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
-// the pre-pass (before the fp16 GEMM or the tf32 method's) or the fp16 GEMM (before auto's tf32 GEMM), which it
-// may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps
-// where the resident pre-pass encoded them (the fp16 GEMM then reads by TMA), else null.
+// the pre-pass (before the fp16 GEMM or the tf32 method's), the workspace's zeroing (before an fp16 GEMM that
+// folds its own line ranges) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
+// allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where the call
+// encoded them already (for the resident pre-pass or for tile_line_ranges; the fp16 GEMM then reads by TMA),
+// else null.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -652,6 +673,32 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
   return args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma && kernels.overlap_launches &&
          args.num_batches >= 2 && !args.adds_into_output() && !sm90_read_back(args) &&
          !env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0");
+}
+
+// Whether the fp16 GEMM folds each tile's line ranges from its own stages (GemmArgs::tile_line_ranges), so that
+// the call runs no pre-pass. It can where a tile's whole K lies in the kStages - 1 stages that it issues at its
+// start (K <= 96) and every tile is computed whole (no split-K or stream-K): fp16 and auto on the wgmma kernel
+// with TMA stages (TMA must read both operands in place: encode_tma_maps). It does by default where a batch entry's
+// output is one tile (m, n <= 128), so that each line is folded once, as the pre-pass folds it, and no tile waits
+// for a pre-pass that reads as many bytes as the GEMM. H200, session 82, same build, two rounds of alternating
+// processes, us per call back to back, pre-pass -> tiles' own ranges (auto; fp16): 512 x 128^2 x 64 48.5-49.7 ->
+// 44.9-45.0 (34.2 from 47.1-47.2), x 32 39.5-39.8 -> 36.6 (26.7 from 38.9-39.2), 256 x 128^2 x 96 32.3-32.7 -> 27.9
+// (20.3 from 31.1-31.4), 1024 x 128^2 x 64 81.8-82.5 -> 73.0 (62.7-62.8 from 82.5-83.3), 2048 x 64^2 x 64
+// 126.7-127.5 -> 113.9. Where tiles share lines, each folds them again: with many tiles that cost more than the
+// pre-pass (64 x 1024^2 x 64: auto 196-197 -> 215-216), with few it gained for fp16 only (128 x 256^2 x 64: fp16
+// 36.3-36.4 -> 31.8-31.9, auto 40.7-40.8 -> 41.9-42.2). TORCH_WMMAE_TILE_RANGES=0 turns it off, =1 on wherever it
+// can run (the ranges, and so the outputs, are the same).
+bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels) {
+  if (env_is("TORCH_WMMAE_TILE_RANGES", "0")) return false;
+  const bool can = args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma &&
+                   args.k <= (sm90::kStages - 1) * sm90::kBlockK && !args.adds_into_output();
+  return can && (env_is("TORCH_WMMAE_TILE_RANGES", "1") || (args.m <= kBlockM && args.n <= kBlockN));
+}
+
+// tma_maps for the operands' layout (a_row, b_row: row-major).
+bool encode_tma_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
+  return a_row ? (b_row ? tma_maps<true, true>(args, maps) : tma_maps<true, false>(args, maps))
+               : (b_row ? tma_maps<false, true>(args, maps) : tma_maps<false, false>(args, maps));
 }
 
 // Launches the resident pre-pass of a and b into their line ranges, counting finished items in items_done
@@ -868,11 +915,15 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;
-  sm90::TmaMaps resident_maps{};  // see launch_resident_prepass
+  sm90::TmaMaps gemm_tma_maps{};  // see launch_resident_prepass and encode_tma_maps
   const sm90::TmaMaps* gemm_maps = nullptr;
-  // Every method scales its lines (line_shift), so every call runs a pre-pass over them.
+  // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
+  // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
 #ifdef WMMAE_HAS_SM90A
-  const bool resident = resident_prepass_applies(args, kernels);
+  args.tile_line_ranges =
+      tile_line_ranges_apply(args, kernels) && encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
+  if (args.tile_line_ranges) gemm_maps = &gemm_tma_maps;
+  const bool resident = !args.tile_line_ranges && resident_prepass_applies(args, kernels);
 #else
   const bool resident = false;
 #endif
@@ -901,16 +952,18 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #ifdef WMMAE_HAS_SM90A
   if (resident) {
     prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per, sm_count,
-                                               stream, resident_maps);
-    if (prepass_launched) gemm_maps = &resident_maps;
+                                               stream, gemm_tma_maps);
+    if (prepass_launched) gemm_maps = &gemm_tma_maps;
   }
 #endif
-  if (!prepass_launched) {
+  if (!prepass_launched && !args.tile_line_ranges) {
     prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
                                       kernels.overlap_launches, stream);
   }
   if (method != Method::tf32) {
-    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps);
+    // (Without a pre-pass it overlaps the workspace's zeroing, which it waits for before its first tile's scales.)
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched || args.tile_line_ranges, kernels,
+                              sm_count, gemm_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
   // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.

@@ -44,6 +44,10 @@ struct MagnitudeKeys {
     twice_max = max(twice_max, u + u);
     twice_min_less_one = min(twice_min_less_one, u + u - 1u);
   }
+  __device__ void include(const MagnitudeKeys& o) {
+    twice_max = max(twice_max, o.twice_max);
+    twice_min_less_one = min(twice_min_less_one, o.twice_min_less_one);
+  }
   __device__ bool exact() const { return twice_max < 0xff000000u; }  // 2 * 0x7f800000: no Inf or NaN
   __device__ MagnitudeBits bits() const {  // where exact()
     return MagnitudeBits{twice_max >> 1,
