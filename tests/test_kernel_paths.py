@@ -581,7 +581,7 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
     a = _strided_matrix(gen, a_shape, a_ld, 0, col_major=a_col)
     b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
     if magnitudes == "wide":
-        _make_wide(gen, a, b)
+        _make_wide(gen, a, b, inf_k=100, nan_k=250)  # (bands 0 and 1 of 128 k)
     # (K = 64 of many_batch_entries: the GEMM's tiles would fold their line ranges themselves.)
     monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "0")
     outs, kernels = {}, {}
@@ -603,12 +603,15 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
     _assert_matmul_on_magnitudes(outs["1"], a, b, magnitudes, method, case)
 
 
-def _make_wide(gen, a: torch.Tensor, b: torch.Tensor) -> None:
-    """Scales a and b in place by 2^U(-40, 40) per element, and puts an Inf into a and a NaN into b."""
+def _make_wide(gen, a: torch.Tensor, b: torch.Tensor, inf_k: int | None = None, nan_k: int | None = None) -> None:
+    """Scales a and b in place by 2^U(-40, 40) per element, and puts an Inf into row 7 of a's second batch entry
+    (at k = inf_k, default K // 2) and a NaN into column 9 of b's third (at k = nan_k, default K - 1), or of
+    their last entries where there are fewer."""
     for t in (a, b):
         t.mul_(torch.exp2(torch.rand(t.shape, generator=gen, dtype=torch.float64) * 80 - 40).float().cuda())
-    a[(1,) * (a.dim() - 2) + (7, a.shape[-1] // 2)] = float("inf")
-    b[(min(2, b.shape[0] - 1),) * (b.dim() - 2) + (b.shape[-2] - 1, 9)] = float("nan")
+    k = a.shape[-1]
+    a[tuple(min(1, n - 1) for n in a.shape[:-2]) + (7, k // 2 if inf_k is None else inf_k)] = float("inf")
+    b[tuple(min(2, n - 1) for n in b.shape[:-2]) + (k - 1 if nan_k is None else nan_k, 9)] = float("nan")
 
 
 def _assert_matmul_on_magnitudes(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, magnitudes: str, method: str,
@@ -729,6 +732,9 @@ TILE_RANGE_CASES = {
     "k96_both_col": (((2, 256, 96), 256, True), ((2, 96, 128), 96, True), "normal", True),
     "k64_one_tile_per_entry": (((300, 128, 64), 64, False), ((300, 64, 128), 128, False), "normal", True),
     "k96_one_tile_per_entry_a_col": (((20, 120, 96), 120, True), ((20, 96, 128), 128, False), "normal", True),
+    # 300 entries of 3 stages: persistent batch slots on an H100/H200 (up to 227 SMs), where each tile's stages
+    # come from the tile before it
+    "k96_one_tile_per_entry_persistent": (((300, 128, 96), 96, False), ((300, 96, 128), 128, False), "normal", True),
     "k72_wide_inf_nan": (((4, 130, 72), 72, False), ((4, 72, 136), 72, True), "wide", True),
     "k40_one_tile_wide_inf_nan": (((4, 128, 40), 40, False), ((4, 40, 100), 40, True), "wide", True),
     "k97": (((4, 130, 97), 100, False), ((4, 97, 136), 136, False), "normal", False),
@@ -767,32 +773,47 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     _assert_matmul_on_magnitudes(outs["default"], a, b, magnitudes, method, case)
 
 
+# (batch, m, n, k) for auto's tiles left to tf32 where the tiles fold their line ranges; batch 0: 2 x SMs + 3
+# entries of one tile, which the plan runs as persistent batch slots (three rounds), where the tile before the
+# wide one issued its stages (K = 96: all three) and the wide one skips them.
+TILE_RANGE_TF32_CASES = {
+    "one_tile": (1, 128, 128, 64),
+    "one_tile_batched": (3, 128, 128, 64),
+    "one_tile_persistent_k96": (0, 128, 128, 96),
+    "3x4_tiles": (1, 300, 400, 64),
+    "3x4_tiles_batched": (3, 300, 400, 64),
+}
+
+
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("m, n", [(128, 128), (300, 400)], ids=["one_tile", "3x4_tiles"])
-def test_corrected_matmul_tile_line_ranges_leave_auto_tiles_to_tf32(gen, monkeypatch, batch, m, n):
+@pytest.mark.parametrize("case", list(TILE_RANGE_TF32_CASES))
+def test_corrected_matmul_tile_line_ranges_leave_auto_tiles_to_tf32(gen, monkeypatch, case):
     """auto where the tiles fold their line ranges (3 x 4 tiles: TORCH_WMMAE_TILE_RANGES=1): a tile with a row that
     spans more than fp16 can goes to the tf32 GEMM, which reads that tile's line ranges from the workspace where
     the fp16 GEMM's tile left them; the other tiles of the same rows of A (all tiles of the first row of tiles)
     go too, the rest stay fp16."""
-    if (m, n) == (128, 128):
+    batch, m, n, k = TILE_RANGE_TF32_CASES[case]
+    if batch == 0:
+        batch = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 3
+        if not device_gemm_grid(m, n, k, batch)[4]:
+            pytest.skip("the plan does not make this shape persistent on this GPU")
+    if m <= 128 and n <= 128:
         monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
     else:
         monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "1")
-    k = 64
     a = random_tensor(gen, (batch, m, k), "normal", "cuda")
     b = random_tensor(gen, (batch, k, n), "normal", "cuda")
-    a[batch - 1, 7, 1] = 2.0**30
-    a[batch - 1, 7, 2] = 2.0**-30
+    wide = batch // 2
+    a[wide, 7, 1] = 2.0**30
+    a[wide, 7, 2] = 2.0**-30
     outs = {}
     with deterministic():
         kernels = _launched_kernels(lambda: outs.setdefault("auto", torch_wmmae.corrected_matmul(a, b)))
     if _sees_sm90_kernels():
         assert not any(PREPASS_KERNEL in name for name in kernels), kernels
-        assert any(TF32_KERNEL.search(name) for name in kernels), kernels
     tf32_tiles = torch.zeros(outs["auto"].shape, dtype=torch.bool, device="cuda")
-    tf32_tiles[batch - 1, :128] = True
+    tf32_tiles[wide, :128] = True
     _assert_auto_took_tf32_on(outs["auto"], a, b, tf32_tiles)
     assert_matmul_within_dot_product_bound(outs["auto"], a, b, "auto")
 

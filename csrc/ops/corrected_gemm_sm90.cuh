@@ -493,7 +493,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int issued = !kIssueNextPiece || previous_k_tiles < kStages - 1 ? 0 : min(kStages - 1, k_tiles);
       for (int s = issued; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
     }
-    // The pre-pass's line ranges (and zeroed output); A and B were complete before it.
+    // The pre-pass's line ranges (and zeroed output), or without a pre-pass the zeroed workspace; A and B were
+    // complete before either.
     if constexpr (kBesidePrepass) {
       wait_for_resident_prepass(args.prepass_items_done, z, args.prepass_items_per_batch);
     } else {

@@ -5,6 +5,8 @@
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
 //    that zeroes the workspace (line_range_prepass.cuh). In batched calls on H100/H200 it may instead run as
 //    one block of four warps per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
+//    Where K <= 96 and a batch entry's output is one tile, there is no pre-pass: the wgmma fp16 GEMM's tiles
+//    fold their lines from the stages they load (GemmArgs::tile_line_ranges, tile_line_ranges_apply).
 // 2. GEMM (corrected_gemm_wmma.cuh): 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are
 //    read in place (row- or column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline
 //    of fp32 tiles; a split pass scales each value by its row's / column's power of two and splits it into hi
@@ -152,13 +154,14 @@ struct GemmArgs {
 };
 
 // Programmatic dependent launch (sm_90): the fp16 GEMM (or the tf32 method's GEMM) is launched so that its
-// blocks may start while the pre-pass still runs, auto's tf32 GEMM so that its blocks may start while the fp16
+// blocks may start while the pre-pass still runs (or, without a pre-pass, the workspace's zeroing), auto's tf32 GEMM so that its blocks may start while the fp16
 // GEMM still runs (GemmLaunch::overlaps_previous), and the next call's first kernel so that it may start while
 // this call's last one runs (zero_workspace_kernel). Each earlier kernel lets them as soon as each of its blocks has
 // started, and a later one reads nothing an earlier one writes (line ranges, the zeroed output,
 // tf32_tiles_pending) before wait_for_prior_grid(), which waits for the whole earlier grid (so for the
-// pre-pass too, which the fp16 GEMM waited for). A and B are complete before the pre-pass starts, so the
-// GEMMs may load them first. Both are no-ops without such a launch and before sm_90.
+// pre-pass too, which the fp16 GEMM waited for). A and B are complete before the pre-pass starts (and before
+// the workspace's zeroing lets any kernel start: it waits for the kernel before it first), so the GEMMs may
+// load them first. Both are no-ops without such a launch and before sm_90.
 __device__ __forceinline__ void allow_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
