@@ -518,9 +518,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       }
       std::int64_t index;
       const bool in_matrix = tile_line_index(args, z, m0, n0, r, index);
-      const ExponentRange range = r < kBlockM
-                                      ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r)
-                                      : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
+      const ExponentRange range =
+          r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r)
+                      : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
       const TileLines found = line_scales_from<kM>(scales, in_matrix, range);
       if (args.method == Method::automatic && !found.fp16_safe && in_matrix) {
         (r < kBlockM ? args.a_ranges : args.b_ranges).merge(index, range);

@@ -144,7 +144,7 @@ struct GemmArgs {
   const int* prepass_items_done;
   int prepass_items_per_batch;
   // The wgmma fp16 GEMM with TMA stages folds its tile's line ranges itself from the stages it holds, in place of
-  // any pre-pass: where K fits in the stages that a tile issues at its start (sm90::tile_line_ranges_apply).
+  // any pre-pass: where K fits in the stages that a tile issues at its start (tile_line_ranges_apply).
   // auto's tiles that it leaves to the tf32 GEMM merge their lines' ranges into a_ranges and b_ranges for it.
   bool tile_line_ranges;
   // The wgmma fp16 GEMM's blocks [0, start_stagger_blocks) start a little apart (sm90::stagger_start); 0: none.
@@ -154,14 +154,14 @@ struct GemmArgs {
 };
 
 // Programmatic dependent launch (sm_90): the fp16 GEMM (or the tf32 method's GEMM) is launched so that its
-// blocks may start while the pre-pass still runs (or, without a pre-pass, the workspace's zeroing), auto's tf32 GEMM so that its blocks may start while the fp16
-// GEMM still runs (GemmLaunch::overlaps_previous), and the next call's first kernel so that it may start while
-// this call's last one runs (zero_workspace_kernel). Each earlier kernel lets them as soon as each of its blocks has
-// started, and a later one reads nothing an earlier one writes (line ranges, the zeroed output,
-// tf32_tiles_pending) before wait_for_prior_grid(), which waits for the whole earlier grid (so for the
-// pre-pass too, which the fp16 GEMM waited for). A and B are complete before the pre-pass starts (and before
-// the workspace's zeroing lets any kernel start: it waits for the kernel before it first), so the GEMMs may
-// load them first. Both are no-ops without such a launch and before sm_90.
+// blocks may start while the pre-pass still runs (or, without a pre-pass, the workspace's zeroing), auto's tf32
+// GEMM so that its blocks may start while the fp16 GEMM still runs (GemmLaunch::overlaps_previous), and the next
+// call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel). Each earlier
+// kernel lets them as soon as each of its blocks has started, and a later one reads nothing an earlier one
+// writes (line ranges, the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the
+// whole earlier grid (so for the pre-pass too, which the fp16 GEMM waited for). A and B are complete before the
+// pre-pass starts (and before the workspace's zeroing lets any kernel start: it waits for the kernel before it
+// first), so the GEMMs may load them first. Both are no-ops without such a launch and before sm_90.
 __device__ __forceinline__ void allow_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -1,9 +1,11 @@
 // corrected_matmul's grid pre-pass: the exponent range of every line (row of A, column of B) of a strided
 // matrix, folded into RangeArrays by atomics, and the zeroing of the output where K is split; with the
 // small kernel before it that zeroes the workspace (zero_workspace_kernel). At most one launch of prepass_kernel
-// per call (launch_prepass; none where the resident pre-pass or the GEMM's tiles find the ranges). The line folds (MagnitudeKeys, contiguous_line_ranges, ...) also serve the pre-pass
-// that runs beside the GEMM in batched calls (resident_prepass_sm90.cuh). Included by corrected_matmul_cuda.cu
-// after RangeArrays, BatchStrides and the launch helpers (launch_kernel, allow_dependent_grid).
+// per call (launch_prepass; none where the resident pre-pass or the GEMM's tiles find the ranges). The line
+// folds (MagnitudeKeys, contiguous_line_ranges, ...) also serve the pre-pass that runs beside the GEMM in batched
+// calls (resident_prepass_sm90.cuh) and the GEMM's tiles that fold their own lines (corrected_gemm_sm90.cuh).
+// Included by corrected_matmul_cuda.cu after RangeArrays, BatchStrides and the launch helpers (launch_kernel,
+// allow_dependent_grid).
 #pragma once
 
 #include <algorithm>
