@@ -820,6 +820,36 @@ def test_corrected_matmul_tile_line_ranges_leave_auto_tiles_to_tf32(gen, monkeyp
 
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("magnitudes", ["normal", "wide"])
+def test_corrected_matmul_late_dependents_keep_bits(gen, monkeypatch, magnitudes):
+    """auto on three rounds of one-tile batch entries, whose fp16 GEMM lets the tf32 GEMM and the fallback check
+    launch only as each block starts its last piece (late_dependents_apply): the same bits as with them launched
+    at the GEMM's start (TORCH_WMMAE_LATE_DEPENDENTS=0) and as with every wgmma fp16 GEMM doing so (=1), over
+    calls back to back on one stream; on "wide" inputs (_make_wide) most tiles go to the tf32 GEMM and the
+    fallback check meets an Inf and a NaN."""
+    batch = 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    if not device_gemm_grid(128, 128, 64, batch)[4]:
+        pytest.skip("the plan does not make this shape persistent on this GPU")
+    a = random_tensor(gen, (batch, 128, 64), "normal", "cuda")
+    b = random_tensor(gen, (batch, 64, 128), "normal", "cuda")
+    if magnitudes == "wide":
+        _make_wide(gen, a, b)
+    outs = {}
+    for switch in ("0", "default", "1"):
+        if switch == "default":
+            monkeypatch.delenv("TORCH_WMMAE_LATE_DEPENDENTS", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_WMMAE_LATE_DEPENDENTS", switch)
+        with deterministic():
+            outs[switch] = [torch_wmmae.corrected_matmul(a, b) for _ in range(3)]
+    for switch, calls in outs.items():
+        for out in calls:
+            torch.testing.assert_close(out, outs["0"][0], rtol=0, atol=0, equal_nan=True, msg=switch)
+    _assert_matmul_on_magnitudes(outs["default"][0], a, b, magnitudes, "auto", "late dependents")
+
+
+@requires_cuda
+@pytest.mark.gpu
 def test_corrected_matmul_resident_prepass_over_many_calls(gen, monkeypatch):
     """The block scheduler places the resident pre-pass's blocks as it likes, sometimes two or more on one SM
     (which then has no room for a GEMM block); such a block exits at once and the others take every item from

@@ -268,7 +268,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
-  allow_dependent_grid();  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either
+  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either; or as each block starts its last
+  // piece (GemmArgs::dependents_at_last_piece, below)
+  if (!args.dependents_at_last_piece) allow_dependent_grid();
   // (Not compiled beside the resident pre-pass, whose launches are never staggered: there it put a
   // local-memory access into the stage loop of the instantiation with B column-major.)
   if constexpr (!kTf32 && !kBesidePrepass) stagger_start(args.start_stagger_blocks);
@@ -404,6 +406,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   int previous_k_tiles = 0;
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
     const std::int64_t z = piece.z;
+    // (A block without a piece lets them as it exits.)
+    if (args.dependents_at_last_piece && !BlockWork::valid(work.upcoming())) allow_dependent_grid();
     ring_start = __shfl_sync(0xffffffffu, ring_start, 0);  // (the same in every lane: see warp)
     std::int64_t m0, n0;
     tile_origin(m, n, args.tile_group_rows, piece.tile, m0, n0);

@@ -150,6 +150,9 @@ struct GemmArgs {
   // The wgmma fp16 GEMM's blocks [0, start_stagger_blocks) start a little apart (sm90::stagger_start); 0: none.
   int start_stagger_blocks;
   int tile_group_rows;  // tile_origin's group height (gemm_tile_group_rows)
+  // The wgmma fp16 GEMM's blocks let the kernels after it launch (allow_dependent_grid) as each starts its last
+  // piece instead of at its own start (late_dependents_apply).
+  bool dependents_at_last_piece;
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
 
@@ -157,7 +160,8 @@ struct GemmArgs {
 // blocks may start while the pre-pass still runs (or, without a pre-pass, the workspace's zeroing), auto's tf32
 // GEMM so that its blocks may start while the fp16 GEMM still runs (GemmLaunch::overlaps_previous), and the next
 // call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel). Each earlier
-// kernel lets them as soon as each of its blocks has started, and a later one reads nothing an earlier one
+// kernel lets them as soon as each of its blocks has started (auto's fp16 GEMM on some grids only as each block
+// starts its last piece: late_dependents_apply), and a later one reads nothing an earlier one
 // writes (line ranges, the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the
 // whole earlier grid (so for the pre-pass too, which the fp16 GEMM waited for). A and B are complete before the
 // pre-pass starts (and before the workspace's zeroing lets any kernel start: it waits for the kernel before it
@@ -649,6 +653,32 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
 }
 
 #ifdef WMMAE_HAS_SM90A
+// Whether auto's fp16 GEMM lets the kernels after it launch only as each block starts its last piece
+// (GemmArgs::dependents_at_last_piece): on the persistent grids of one-tile batch entries with tile_line_ranges,
+// where each block takes at least kLateDependentsMinRounds entries in turn. Launched at the GEMM's start, auto's
+// two exit kernels (the tf32 GEMM, whose blocks return at once unless a tile was left to them, and the fallback
+// check) lengthened that GEMM by about 5 us each, why is not known (H200, session 83, 512 x 128^2 x 64, spans of
+// back-to-back calls: GEMM 33.0 us alone, 37.8 / 38.6 with either, 42.6 with both; every GEMM kernel asking for
+// the largest shared-memory carveout changed nothing; launched at the GEMM's exit instead, 46.1 -> 44.2 us per
+// call). Same build, two rounds of alternating processes, auto back to back, at the start -> at the last piece:
+// 512 x 128^2 x 64 45.8 -> 40.8-41.0 us, x 32 36.5-36.6 -> 34.1-34.3, 396 x 128^2 x 64 37.7 -> 32.7-32.9,
+// 300 x 128^2 x 96 36.4-37.2 -> 35.2-35.3, 1024 x 128^2 x 64 73.0-73.1 -> 69.7-70.1, 2048 x 64^2 x 64 the same
+// (113). Two rounds (256 x 128^2) were 4-8% faster in one run and up to 10% slower in another: left out. Not for
+// fp16, whose next call's workspace zeroing is the kernel after it (512 x 128^2 x 64: 34.5 -> 34.8-35.2), nor for
+// grids of more than one tile (64 x 512^3, 8 x 1024^3, 64 x 1024^2 x 64: the same or about 1% slower).
+// TORCH_WMMAE_LATE_DEPENDENTS=0 turns it off, =1 on for every wgmma fp16 GEMM with TMA stages (the same bits).
+constexpr std::int64_t kLateDependentsMinRounds = 3;
+bool late_dependents_apply(const GemmArgs& args, unsigned persistent_batch_slots) {
+  if (env_is("TORCH_WMMAE_LATE_DEPENDENTS", "0")) return false;
+  if (env_is("TORCH_WMMAE_LATE_DEPENDENTS", "1")) return true;
+  if (args.method != Method::automatic || !args.tile_line_ranges || persistent_batch_slots == 0 ||
+      args.m > kBlockM || args.n > kBlockN) {
+    return false;
+  }
+  const std::int64_t rounds = (args.num_batches + persistent_batch_slots - 1) / persistent_batch_slots;
+  return rounds >= kLateDependentsMinRounds;
+}
+
 // Whether the wgmma fp16 kernel reads the partial sums back in one batch (its kReadBack instantiation): wherever
 // a block sums more than one chunk of K into the output itself (no split-K): small outputs' chunks of 1024 (a
 // read-back every 32 stages) and large outputs' of 4096 (every 128). Element by element instead, each load
@@ -778,6 +808,7 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     // blocks start as their batch entries' lines are ready, one entry after the other (H100, 64 x 512^3 and
     // 8 x 1024^3: the same or up to 1% slower staggered).
     GemmArgs fp16_args = args;
+    if constexpr (kTma) fp16_args.dependents_at_last_piece = late_dependents_apply(args, launch.persistent_batch_slots);
     const std::int64_t blocks = std::int64_t{fp16_launch.grid.x} * fp16_launch.grid.y * fp16_launch.grid.z;
     const std::int64_t stages = gemm_tiles(args.m, args.n) * gemm_k_stages(args.k) * args.num_batches;
     const bool staggered = 2 * blocks >= launch.sm_count && stages >= 12 * blocks;
