@@ -666,7 +666,8 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
 // (113). Two rounds (256 x 128^2) were 4-8% faster in one run and up to 10% slower in another: left out. Not for
 // fp16, whose next call's workspace zeroing is the kernel after it (512 x 128^2 x 64: 34.5 -> 34.8-35.2), nor for
 // grids of more than one tile (64 x 512^3, 8 x 1024^3, 64 x 1024^2 x 64: the same or about 1% slower).
-// TORCH_WMMAE_LATE_DEPENDENTS=0 turns it off, =1 on for every wgmma fp16 GEMM with TMA stages (the same bits).
+// TORCH_WMMAE_LATE_DEPENDENTS=0 turns it off, =1 on for every wgmma fp16 GEMM with TMA stages but the one beside
+// the resident pre-pass (the same bits).
 constexpr std::int64_t kLateDependentsMinRounds = 3;
 bool late_dependents_apply(const GemmArgs& args, unsigned persistent_batch_slots) {
   if (env_is("TORCH_WMMAE_LATE_DEPENDENTS", "0")) return false;
