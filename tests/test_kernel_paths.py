@@ -826,25 +826,35 @@ def test_corrected_matmul_late_dependents_keep_bits(gen, monkeypatch, magnitudes
     launch only as each block starts its last piece (late_dependents_apply): the same bits as with them launched
     at the GEMM's start (TORCH_WMMAE_LATE_DEPENDENTS=0) and as with every wgmma fp16 GEMM doing so (=1), over
     calls back to back on one stream; on "wide" inputs (_make_wide) most tiles go to the tf32 GEMM and the
-    fallback check meets an Inf and a NaN."""
-    batch = 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    fallback check meets an Inf and a NaN. (Where the blocks let them launch changes no bits by design: this
+    checks that every placement completes with the right output, and that the calls take the rule's path.)"""
+    for key in ("TORCH_WMMAE_TILE_RANGES", "TORCH_WMMAE_SM90_TMA", "TORCH_WMMAE_PORTABLE_GEMM"):
+        monkeypatch.delenv(key, raising=False)
+    batch = 3 * torch.cuda.get_device_properties(0).multi_processor_count  # three rounds of batch slots
+    if "sm90_tma" not in torch.ops.wmmae._corrected_matmul_kernel_choice(torch.empty(0, device="cuda")):
+        pytest.skip("the rule applies to the wgmma kernel with TMA stages")
     if not device_gemm_grid(128, 128, 64, batch)[4]:
         pytest.skip("the plan does not make this shape persistent on this GPU")
     a = random_tensor(gen, (batch, 128, 64), "normal", "cuda")
     b = random_tensor(gen, (batch, 64, 128), "normal", "cuda")
     if magnitudes == "wide":
         _make_wide(gen, a, b)
-    outs = {}
+    outs, kernels = {}, {}
     for switch in ("0", "default", "1"):
         if switch == "default":
             monkeypatch.delenv("TORCH_WMMAE_LATE_DEPENDENTS", raising=False)
         else:
             monkeypatch.setenv("TORCH_WMMAE_LATE_DEPENDENTS", switch)
         with deterministic():
-            outs[switch] = [torch_wmmae.corrected_matmul(a, b) for _ in range(3)]
+            kernels[switch] = _launched_kernels(
+                lambda: outs.setdefault(switch, [torch_wmmae.corrected_matmul(a, b) for _ in range(3)]))
     for switch, calls in outs.items():
         for out in calls:
             torch.testing.assert_close(out, outs["0"][0], rtol=0, atol=0, equal_nan=True, msg=switch)
+    if _sees_sm90_kernels():  # the fp16 GEMM with TMA stages, folding its own line ranges: no pre-pass
+        for switch, ran in kernels.items():
+            assert any(TMA_KERNEL.search(name) for name in ran), (switch, ran)
+            assert not any(PREPASS_KERNEL in name for name in ran), (switch, ran)
     _assert_matmul_on_magnitudes(outs["default"][0], a, b, magnitudes, "auto", "late dependents")
 
 

@@ -654,20 +654,20 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
 
 #ifdef WMMAE_HAS_SM90A
 // Whether auto's fp16 GEMM lets the kernels after it launch only as each block starts its last piece
-// (GemmArgs::dependents_at_last_piece): on the persistent grids of one-tile batch entries with tile_line_ranges,
-// where each block takes at least kLateDependentsMinRounds entries in turn. Launched at the GEMM's start, auto's
-// two exit kernels (the tf32 GEMM, whose blocks return at once unless a tile was left to them, and the fallback
-// check) lengthened that GEMM by about 5 us each, why is not known (H200, session 83, 512 x 128^2 x 64, spans of
-// back-to-back calls: GEMM 33.0 us alone, 37.8 / 38.6 with either, 42.6 with both; every GEMM kernel asking for
-// the largest shared-memory carveout changed nothing; launched at the GEMM's exit instead, 46.1 -> 44.2 us per
-// call). Same build, two rounds of alternating processes, auto back to back, at the start -> at the last piece:
-// 512 x 128^2 x 64 45.8 -> 40.8-41.0 us, x 32 36.5-36.6 -> 34.1-34.3, 396 x 128^2 x 64 37.7 -> 32.7-32.9,
-// 300 x 128^2 x 96 36.4-37.2 -> 35.2-35.3, 1024 x 128^2 x 64 73.0-73.1 -> 69.7-70.1, 2048 x 64^2 x 64 the same
-// (113). Two rounds (256 x 128^2) were 4-8% faster in one run and up to 10% slower in another: left out. Not for
-// fp16, whose next call's workspace zeroing is the kernel after it (512 x 128^2 x 64: 34.5 -> 34.8-35.2), nor for
-// grids of more than one tile (64 x 512^3, 8 x 1024^3, 64 x 1024^2 x 64: the same or about 1% slower).
-// TORCH_WMMAE_LATE_DEPENDENTS=0 turns it off, =1 on for every wgmma fp16 GEMM with TMA stages but the one beside
-// the resident pre-pass (the same bits).
+// (GemmArgs::dependents_at_last_piece): on the persistent grids of one-tile batch entries with tile_line_ranges that
+// take at least kLateDependentsMinRounds rounds of batch slots (the busiest blocks take that many entries). Launched at
+// the GEMM's start, auto's two exit kernels (the tf32 GEMM, whose blocks return at once unless a tile was left to them,
+// and the fallback check) lengthened that GEMM by about 5 us each, why is not known (H200, session 83, 512 x 128^2 x
+// 64, spans of back-to-back calls: GEMM 33.0 us alone, 37.8 / 38.6 with either, 42.6 with both; every GEMM kernel
+// asking for the largest shared-memory carveout changed nothing; launched at the GEMM's exit instead, 46.1 -> 44.2 us
+// per call). Same build, two rounds of alternating processes, auto back to back, at the start -> at the last piece: 512
+// x 128^2 x 64 45.8 -> 40.8-41.0 us, x 32 36.5-36.6 -> 34.1-34.3, 396 x 128^2 x 64 37.7 -> 32.7-32.9, 300 x 128^2 x 96
+// 36.4-37.2 -> 35.2-35.3, 1024 x 128^2 x 64 73.0-73.1 -> 69.7-70.1, 2048 x 64^2 x 64 the same (113). Two rounds (256 x
+// 128^2) were 4-8% faster in one run and up to 10% slower in another: left out. Not for fp16, whose next call's
+// workspace zeroing is the kernel after it (512 x 128^2 x 64: 34.5 -> 34.8-35.1, 35.2 in another run), nor for grids of
+// more than one tile (64 x 512^3, 8 x 1024^3, 64 x 1024^2 x 64: the same or about 1% slower).
+// TORCH_WMMAE_LATE_DEPENDENTS=0 turns it off, =1 on for every wgmma fp16 GEMM with TMA stages but the one beside the
+// resident pre-pass (the same bits).
 constexpr std::int64_t kLateDependentsMinRounds = 3;
 bool late_dependents_apply(const GemmArgs& args, unsigned persistent_batch_slots) {
   if (env_is("TORCH_WMMAE_LATE_DEPENDENTS", "0")) return false;
