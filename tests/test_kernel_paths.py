@@ -320,6 +320,20 @@ def _launched_kernels(fn) -> list[str]:
     return [name for name, _ in launched_kernels(fn)]
 
 
+def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: bool = True) -> tuple[dict, dict]:
+    """call() once with the environment switch `name` at each of `values` ("default": unset), under
+    deterministic(deterministic_mode): what it returned and the names of the CUDA kernels it launched, by value."""
+    outs, kernels = {}, {}
+    for value in values:
+        if value == "default":
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        with deterministic(deterministic_mode):
+            kernels[value] = _launched_kernels(lambda: outs.setdefault(value, call()))
+    return outs, kernels
+
+
 def _sees_sm90_kernels() -> bool:
     """Whether a test can check by name which wgmma kernels a call launched (not under compute-sanitizer)."""
     return runs_sm90_gemm() and profiler_records_kernels()
@@ -584,23 +598,17 @@ def test_corrected_matmul_resident_prepass(gen, monkeypatch, case, method):
         _make_wide(gen, a, b, inf_k=100, nan_k=250)  # (bands 0 and 1 of 128 k)
     # (K = 64 of many_batch_entries: the GEMM's tiles would fold their line ranges themselves.)
     monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "0")
-    outs, kernels = {}, {}
-    for resident in ("1", "0"):  # by default, and turned off
-        if resident == "1":
-            monkeypatch.delenv("TORCH_WMMAE_RESIDENT_PREPASS", raising=False)
-        else:
-            monkeypatch.setenv("TORCH_WMMAE_RESIDENT_PREPASS", "0")
-        with deterministic(case != "split_k"):
-            kernels[resident] = _launched_kernels(
-                lambda: outs.setdefault(resident, torch_wmmae.corrected_matmul(a, b, method=method)))
+    # By default, and turned off:
+    outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_RESIDENT_PREPASS", ("default", "0"),
+                                     lambda: torch_wmmae.corrected_matmul(a, b, method=method), case != "split_k")
     if case != "split_k":  # (split-K's atomics add in any order)
-        torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(outs["default"], outs["0"], rtol=0, atol=0, equal_nan=True)
     if _sees_sm90_kernels():
-        assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels["1"]) == applies, kernels["1"]
-        assert any(BESIDE_PREPASS_GEMM.search(name) for name in kernels["1"]) == applies, kernels["1"]
+        assert any(RESIDENT_PREPASS_KERNEL in name for name in kernels["default"]) == applies, kernels["default"]
+        assert any(BESIDE_PREPASS_GEMM.search(name) for name in kernels["default"]) == applies, kernels["default"]
     for name in kernels["0"]:
         assert RESIDENT_PREPASS_KERNEL not in name and not BESIDE_PREPASS_GEMM.search(name), kernels["0"]
-    _assert_matmul_on_magnitudes(outs["1"], a, b, magnitudes, method, case)
+    _assert_matmul_on_magnitudes(outs["default"], a, b, magnitudes, method, case)
 
 
 def _make_wide(gen, a: torch.Tensor, b: torch.Tensor, inf_k: int | None = None, nan_k: int | None = None) -> None:
@@ -756,15 +764,8 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     if magnitudes == "wide":
         _make_wide(gen, a, b)
     one_tile = a_shape[-2] <= 128 and b_shape[-1] <= 128
-    outs, kernels = {}, {}
-    for switch in ("default", "1", "0"):
-        if switch == "default":
-            monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
-        else:
-            monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", switch)
-        with deterministic():
-            kernels[switch] = _launched_kernels(
-                lambda: outs.setdefault(switch, torch_wmmae.corrected_matmul(a, b, method=method)))
+    outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_TILE_RANGES", ("default", "1", "0"),
+                                     lambda: torch_wmmae.corrected_matmul(a, b, method=method))
     for switch in ("default", "1"):
         torch.testing.assert_close(outs[switch], outs["0"], rtol=0, atol=0, equal_nan=True)
     if _sees_sm90_kernels():
@@ -839,15 +840,8 @@ def test_corrected_matmul_late_dependents_keep_bits(gen, monkeypatch, magnitudes
     b = random_tensor(gen, (batch, 64, 128), "normal", "cuda")
     if magnitudes == "wide":
         _make_wide(gen, a, b)
-    outs, kernels = {}, {}
-    for switch in ("0", "default", "1"):
-        if switch == "default":
-            monkeypatch.delenv("TORCH_WMMAE_LATE_DEPENDENTS", raising=False)
-        else:
-            monkeypatch.setenv("TORCH_WMMAE_LATE_DEPENDENTS", switch)
-        with deterministic():
-            kernels[switch] = _launched_kernels(
-                lambda: outs.setdefault(switch, [torch_wmmae.corrected_matmul(a, b) for _ in range(3)]))
+    outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_LATE_DEPENDENTS", ("0", "default", "1"),
+                                     lambda: [torch_wmmae.corrected_matmul(a, b) for _ in range(3)])
     for switch, calls in outs.items():
         for out in calls:
             torch.testing.assert_close(out, outs["0"][0], rtol=0, atol=0, equal_nan=True, msg=switch)
