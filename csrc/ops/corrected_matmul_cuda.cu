@@ -595,8 +595,8 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 // the pre-pass (before the fp16 GEMM or the tf32 method's), the workspace's zeroing (before an fp16 GEMM that
 // folds its own line ranges) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
 // allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where the call
-// encoded them already (for the resident pre-pass or for tile_line_ranges; the fp16 GEMM then reads by TMA),
-// else null.
+// encoded them already (for the resident pre-pass or for tile_line_ranges; both GEMMs then read by TMA), else
+// null.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -842,7 +842,7 @@ template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (launch.kernels.sm90) {
 #ifdef WMMAE_HAS_SM90A
-    if (launch.tma_maps != nullptr) {  // encoded for the resident pre-pass (fp16 only)
+    if (launch.tma_maps != nullptr) {  // already encoded for the call (see corrected_matmul_cuda's gemm_maps)
       launch_sm90<M, kARowMajor, kBRowMajor, true>(args, *launch.tma_maps, launch);
       return;
     }
@@ -871,7 +871,7 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
   const GemmLaunch launch{stream_k ? dim3(static_cast<unsigned>(args.stream_k_blocks))
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
-                          stream, overlaps_previous, kernels, sm_count, M == Method::fp16 ? tma_maps : nullptr,
+                          stream, overlaps_previous, kernels, sm_count, tma_maps,
                           static_cast<unsigned>(M == Method::fp16 && !stream_k ? plan.persistent_batch_slots : 0)};
   if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
   else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
@@ -950,7 +950,9 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;
-  sm90::TmaMaps gemm_tma_maps{};  // see launch_resident_prepass and encode_tma_maps
+  // A's and B's TMA maps where the call encoded them already (for the resident pre-pass or for the tiles' own line
+  // ranges): both GEMMs read with them (the maps do not depend on the method) instead of encoding them again.
+  sm90::TmaMaps gemm_tma_maps{};
   const sm90::TmaMaps* gemm_maps = nullptr;
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
   // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
@@ -1004,7 +1006,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.
   if (method != Method::fp16) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
-                              kernels, sm_count);
+                              kernels, sm_count, gemm_maps);
     launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split
   }
   return out;

@@ -50,6 +50,11 @@ struct MagnitudeKeys {
     twice_max = max(twice_max, o.twice_max);
     twice_min_less_one = min(twice_min_less_one, o.twice_min_less_one);
   }
+  // The keys of lane (this lane ^ lane_mask), which the whole warp calls together.
+  __device__ MagnitudeKeys of_lane_xor(int lane_mask) const {
+    return MagnitudeKeys{__shfl_xor_sync(0xffffffffu, twice_max, lane_mask),
+                         __shfl_xor_sync(0xffffffffu, twice_min_less_one, lane_mask)};
+  }
   __device__ bool exact() const { return twice_max < 0xff000000u; }  // 2 * 0x7f800000: no Inf or NaN
   __device__ MagnitudeBits bits() const {  // where exact()
     return MagnitudeBits{twice_max >> 1,

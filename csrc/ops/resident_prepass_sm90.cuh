@@ -228,11 +228,7 @@ __global__ void __maxnreg__(kResidentPrepassRegisters)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
-        for (int other = 8; other < 32; other *= 2) {
-          keys[j].twice_max = max(keys[j].twice_max, __shfl_xor_sync(0xffffffffu, keys[j].twice_max, other));
-          keys[j].twice_min_less_one =
-              min(keys[j].twice_min_less_one, __shfl_xor_sync(0xffffffffu, keys[j].twice_min_less_one, other));
-        }
+        for (int other = 8; other < 32; other *= 2) keys[j].include(keys[j].of_lane_xor(other));
       }
       if (lane < 8) {
 #pragma unroll
