@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -622,6 +623,10 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
 template <bool kARowMajor, bool kBRowMajor>
 bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
+  using Tf32Cfg = sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32>;
+  static_assert(std::is_same_v<typename Cfg::A, typename Tf32Cfg::A> &&
+                    std::is_same_v<typename Cfg::B, typename Tf32Cfg::B>,
+                "both methods' GEMMs read with the same maps (a call encodes them once: gemm_maps)");
   if (args.batch.ndim > 1) return false;
   // (inner stride, line stride) of each operand in its orientation.
   const std::int64_t a_inner_stride = kARowMajor ? args.a_ks : args.a_rs;
