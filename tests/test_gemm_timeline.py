@@ -36,7 +36,8 @@ def test_stamp_sources_applies_to_the_current_sources(tmp_path):
         assert after != before[path]
         assert replacement in after
     assert "timeline_put(0, 128, 127" in (tmp_path / "csrc/ops/corrected_gemm_sm90.cuh").read_text()
-    assert "WMMAE_TIMELINE_PTR" in (tmp_path / "csrc/ops/corrected_matmul_cuda.cu").read_text()
+    host = (tmp_path / "csrc/ops/corrected_matmul_cuda.cu").read_text()
+    assert "WMMAE_TIMELINE_PTR" in host and "WMMAE_TIMELINE_SKIP_EXIT" in host
 
 
 def test_stamp_sources_refuses_without_its_flag_and_on_a_missing_anchor(tmp_path):
@@ -56,14 +57,14 @@ def test_stamp_sources_refuses_without_its_flag_and_on_a_missing_anchor(tmp_path
 
 def test_timeline_summary_reads_made_up_stamps():
     stamps = [0] * stamp_sources.STAMP_WORDS
-    # two GEMM blocks starting at 1000 and 1400 ns, two pieces each; phases of 500, 250, 2000 and 1500 ns
+    # two GEMM blocks starting at 1000 and 1400 ns, two pieces each; phases of 100, 400, 250, 2000 and 1500 ns
     for block, start in enumerate((1000, 1400)):
         row = block * timeline.GEMM_STRIDE
         stamps[row], stamps[row + 1] = 7 + block, start
         for entry in range(2):
             top = start + 200 + entry * 5000
-            for phase, t in enumerate((top, top + 500, top + 750, top + 2750, top + 4250)):
-                stamps[row + 2 + 5 * entry + phase] = t
+            for phase, t in enumerate((top, top + 100, top + 500, top + 750, top + 2750, top + 4250)):
+                stamps[row + 2 + timeline.PIECE_STAMPS * entry + phase] = t
         stamps[row + 127] = start + 10000
     stamps[timeline.TF32_BASE + 1: timeline.TF32_BASE + 4] = [9000, 9500, 11900]  # before the GEMM's end (11400)
     s = timeline.gemm_summary(stamps)
@@ -71,7 +72,7 @@ def test_timeline_summary_reads_made_up_stamps():
     assert [p["entry"] for p in s["pieces"]] == [0, 1]
     first = s["pieces"][0]
     assert first["top"] == pytest.approx(0.4) and first["top_spread"] == pytest.approx(0.4)
-    assert (first["lines"], first["first stage"], first["loop"], first["flush"]) == pytest.approx((0.5, 0.25, 2.0, 1.5))
+    assert [first[name] for name in timeline.PHASES] == pytest.approx([0.1, 0.4, 0.25, 2.0, 1.5])
     assert s["pieces"][1]["top"] == pytest.approx(5.4)
     assert s["tf32"]["blocks"] == 1 and s["tf32"]["started_before_gemm_end"] == 1
     assert s["tf32"]["end_last"] == pytest.approx(10.9)

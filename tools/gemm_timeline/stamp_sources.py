@@ -7,12 +7,15 @@ run it on a scratch copy of the tree (such as the device's), build, measure, and
 
 The buffer (int64, STAMP_WORDS words) is found by the first corrected_matmul call of the process, from the
 device address in WMMAE_TIMELINE_PTR. Layout, per block (blocks past 511 write nothing):
-- words [0, 65536): the fp16 GEMM, 128 per block: 0 %smid, 1 start, 2 + 5 e + phase for batch entry (piece)
-  e < 24, 127 end. Phases: 0 the piece's top, 1 its line scales ready, 2 its first stage's barrier (TMA stages),
-  3 its stage loop done, 4 its flush done.
+- words [0, 65536): the fp16 GEMM, 128 per block: 0 %smid, 1 start, 2 + 6 e + phase for batch entry (piece)
+  e < 20, 127 end. Phases: 0 the piece's top, 1 its wait for the grid before it (or for the resident pre-pass)
+  done, 2 its line scales ready, 3 its first stage's barrier (TMA stages), 4 its stage loop done, 5 its flush
+  done.
 - words [65536, 67584): the tf32 GEMM (auto's exit GEMM or the method's), 4 per block: %smid, start, end of the
   prior-grid wait (auto), end.
 - words [67584, 69632): the float32 fallback's check, 4 per block, as the tf32 GEMM.
+Also, WMMAE_TIMELINE_SKIP_EXIT=1 leaves out auto's two exit kernels (the tf32 GEMM and the float32 fallback's
+check), so that a run can show what they cost: its outputs are wrong wherever a tile is not fp16-safe.
 An edit whose anchor text is missing fails loudly: mend the anchors here when the kernels change.
 """
 from __future__ import annotations
@@ -62,23 +65,27 @@ EDITS = [
     ("csrc/ops/corrected_gemm_sm90.cuh",
      "    const std::int64_t z = piece.z;\n",
      "    const std::int64_t z = piece.z;\n"
-     "    const int stamp = timeline_piece < 24 ? 2 + 5 * timeline_piece : -1;\n"
+     "    const int stamp = timeline_piece < 20 ? 2 + 6 * timeline_piece : -1;\n"
      "    ++timeline_piece;\n"
      "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp, timeline_now());\n"),
     ("csrc/ops/corrected_gemm_sm90.cuh",
+     "    } else {\n      wait_for_prior_grid();\n    }\n",
+     "    } else {\n      wait_for_prior_grid();\n    }\n"
+     "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 1, timeline_now());\n"),
+    ("csrc/ops/corrected_gemm_sm90.cuh",
      "                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);\n",
      "                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);\n"
-     "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 1, timeline_now());\n"),
+     "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 2, timeline_now());\n"),
     ("csrc/ops/corrected_gemm_sm90.cuh",
      "      if (k_tiles > 0) wait_tma_stage(0);\n      __syncthreads();\n",
      "      if (k_tiles > 0) wait_tma_stage(0);\n      __syncthreads();\n"
-     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 2, timeline_now());\n"),
+     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 3, timeline_now());\n"),
     ("csrc/ops/corrected_gemm_sm90.cuh",
      "      fence_registers(corr);\n      flush(chunk_begin == 0, chunk_end == k_tiles);\n",
      "      fence_registers(corr);\n"
-     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 3, timeline_now());\n"
+     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 4, timeline_now());\n"
      "      flush(chunk_begin == 0, chunk_end == k_tiles);\n"
-     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 4, timeline_now());\n"),
+     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 5, timeline_now());\n"),
     ("csrc/ops/corrected_gemm_sm90.cuh",
      "    previous_k_tiles = k_tiles;\n  }\n",
      "    previous_k_tiles = k_tiles;\n  }\n"
@@ -104,6 +111,10 @@ EDITS = [
      "      timeline_set = true;\n"
      "    }\n"
      "  }\n"),
+    ("csrc/ops/corrected_matmul_cuda.cu",
+     "  if (method != Method::fp16) {\n",
+     "  if (method == Method::tf32 ||\n"
+     "      (method == Method::automatic && std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"),
 ]
 
 

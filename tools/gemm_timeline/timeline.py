@@ -4,8 +4,11 @@
 float32 fallback check's blocks ran. Times in us from the first GEMM block's start.
 
     python tools/gemm_timeline/timeline.py --method auto --shape 512 128 128 64 [--reps 3] [--json out.json]
+        [--between-calls noop]
 
-Environment switches (TORCH_WMMAE_*) apply as in any call: compare variants in separate processes.
+Environment switches (TORCH_WMMAE_*, and the timeline build's WMMAE_TIMELINE_SKIP_EXIT) apply as in any call:
+compare variants in separate processes. --between-calls noop puts a tiny kernel (torch.cuda._sleep) between the
+calls, so that no call's first kernel overlaps the previous call's last (programmatic dependent launch).
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 from stamp_sources import STAMP_WORDS  # noqa: E402
 
-GEMM_STRIDE, TF32_BASE, FALLBACK_BASE, MAX_BLOCKS, MAX_PIECES = 128, 65536, 67584, 512, 24
-PHASES = ("lines", "first stage", "loop", "flush")
+GEMM_STRIDE, TF32_BASE, FALLBACK_BASE, MAX_BLOCKS, MAX_PIECES = 128, 65536, 67584, 512, 20
+PIECE_STAMPS = 6  # per batch entry: its top, then the end of each phase
+PHASES = ("prior grid", "lines", "first stage", "loop", "flush")
 
 
 def gemm_summary(stamps: list[int]) -> dict:
@@ -35,7 +39,8 @@ def gemm_summary(stamps: list[int]) -> dict:
     end = max(r[127] for r in blocks)
     pieces = []
     for e in range(MAX_PIECES):
-        rows = [r[2 + 5 * e:7 + 5 * e] for r in blocks if r[2 + 5 * e] != 0 and r[6 + 5 * e] != 0]
+        first = 2 + PIECE_STAMPS * e
+        rows = [r[first:first + PIECE_STAMPS] for r in blocks if r[first] != 0 and r[first + PIECE_STAMPS - 1] != 0]
         if not rows:
             break
         pieces.append({"entry": e, "blocks": len(rows), "top": statistics.median(us(x[0]) for x in rows),
@@ -62,17 +67,24 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--between-calls", choices=("none", "noop"), default="none")
     args = parser.parse_args()
     buffer = torch.zeros(STAMP_WORDS, dtype=torch.int64, device="cuda")
     os.environ["WMMAE_TIMELINE_PTR"] = str(buffer.data_ptr())  # read by the first call
     import torch_wmmae
     from common import _enqueued_behind_spin
 
+    print(f"torch_wmmae from {os.path.dirname(torch_wmmae.__file__)}")  # (a timeline build: see stamp_sources.py)
+
     batch, m, n, k = args.shape
     gen = torch.Generator(device="cuda").manual_seed(batch + m + n + k)
     a = [torch.rand((batch, m, k), device="cuda", generator=gen) * 2 - 1 for _ in range(4)]
     b = [torch.rand((batch, k, n), device="cuda", generator=gen) * 2 - 1 for _ in range(4)]
-    call = lambda i: torch_wmmae.corrected_matmul(a[i % 4], b[i % 4], method=args.method)  # noqa: E731
+
+    def call(i):
+        if args.between_calls == "noop":
+            torch.cuda._sleep(1)
+        return torch_wmmae.corrected_matmul(a[i % 4], b[i % 4], method=args.method)
     for i in range(5):
         call(i)
     torch.cuda.synchronize()
@@ -94,7 +106,8 @@ def main() -> int:
                   "the GEMM's end")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"method": args.method, "shape": args.shape, "runs": runs}, f)
+            json.dump({"method": args.method, "shape": args.shape, "between_calls": args.between_calls,
+                       "runs": runs}, f)
     return 0
 
 
