@@ -35,9 +35,29 @@ def test_stamp_sources_applies_to_the_current_sources(tmp_path):
         after = (tmp_path / path).read_text()
         assert after != before[path]
         assert replacement in after
-    assert "timeline_put(0, 128, 127" in (tmp_path / "csrc/ops/corrected_gemm_sm90.cuh").read_text()
+    gemm = (tmp_path / "csrc/ops/corrected_gemm_sm90.cuh").read_text()
+    # the device side writes the layout that timeline.py reads (one definition: stamp_sources' constants)
+    assert f"timeline_gemm(2 + {timeline.PIECE_STAMPS} * piece + stamp" in gemm
+    assert f"if (piece < {timeline.MAX_PIECES})" in gemm and f"if (block < {timeline.MAX_BLOCKS})" in gemm
+    assert f"timeline_gemm({timeline.END_WORD}, timeline_now())" in gemm
+    assert f"timeline_put(0, {timeline.GEMM_STRIDE}, idx, v)" in gemm
+    for stamp in range(timeline.PIECE_STAMPS):  # every stamp of a piece is written somewhere
+        assert f"timeline_piece(timeline_pieces - 1, {stamp});" in gemm
+    fallback = (tmp_path / "csrc/ops/float32_fallback.cuh").read_text()
+    assert fallback.count(f"timeline_kernel({timeline.FALLBACK_BASE}, 3,") == 2  # both of its returns
     host = (tmp_path / "csrc/ops/corrected_matmul_cuda.cu").read_text()
-    assert "WMMAE_TIMELINE_PTR" in host and "WMMAE_TIMELINE_SKIP_EXIT" in host
+    assert "WMMAE_TIMELINE_PTR" in host
+    # the switch leaves out auto's exit kernels only: the tf32 method still runs its GEMM
+    assert ("if (method == Method::tf32 ||\n      (method == Method::automatic && "
+            "std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n    launch_gemm<Method::tf32>") in host
+
+
+def test_stamp_layout_fits():
+    assert 2 + timeline.PIECE_STAMPS * timeline.MAX_PIECES <= timeline.END_WORD < timeline.GEMM_STRIDE
+    assert timeline.TF32_BASE >= timeline.GEMM_STRIDE * timeline.MAX_BLOCKS
+    assert timeline.FALLBACK_BASE >= timeline.TF32_BASE + timeline.KERNEL_STAMPS * timeline.MAX_BLOCKS
+    assert timeline.STAMP_WORDS == timeline.FALLBACK_BASE + timeline.KERNEL_STAMPS * timeline.MAX_BLOCKS
+    assert len(timeline.PHASES) == timeline.PIECE_STAMPS - 1
 
 
 def test_stamp_sources_refuses_without_its_flag_and_on_a_missing_anchor(tmp_path):
@@ -65,11 +85,19 @@ def test_timeline_summary_reads_made_up_stamps():
             top = start + 200 + entry * 5000
             for phase, t in enumerate((top, top + 100, top + 500, top + 750, top + 2750, top + 4250)):
                 stamps[row + 2 + timeline.PIECE_STAMPS * entry + phase] = t
-        stamps[row + 127] = start + 10000
+        stamps[row + timeline.END_WORD] = start + 10000
     stamps[timeline.TF32_BASE + 1: timeline.TF32_BASE + 4] = [9000, 9500, 11900]  # before the GEMM's end (11400)
+    # a third block whose second piece lacks its first-stage stamp (as where a stamp is not reached) is left out
+    # of that piece's medians
+    row = 2 * timeline.GEMM_STRIDE
+    stamps[row + 1], stamps[row + timeline.END_WORD] = 1200, 9000
+    for entry in range(2):
+        top = 1400 + entry * 5000
+        for phase, t in enumerate((top, top + 100, top + 500, top + 750, top + 2750, top + 4250)):
+            stamps[row + 2 + timeline.PIECE_STAMPS * entry + phase] = t if (entry, phase) != (1, 3) else 0
     s = timeline.gemm_summary(stamps)
-    assert s["blocks"] == 2 and s["span"] == pytest.approx(10.4) and s["first_end"] == pytest.approx(10.0)
-    assert [p["entry"] for p in s["pieces"]] == [0, 1]
+    assert s["blocks"] == 3 and s["span"] == pytest.approx(10.4) and s["first_end"] == pytest.approx(8.0)
+    assert [(p["entry"], p["blocks"]) for p in s["pieces"]] == [(0, 3), (1, 2)]
     first = s["pieces"][0]
     assert first["top"] == pytest.approx(0.4) and first["top_spread"] == pytest.approx(0.4)
     assert [first[name] for name in timeline.PHASES] == pytest.approx([0.1, 0.4, 0.25, 2.0, 1.5])

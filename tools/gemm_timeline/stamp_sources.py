@@ -6,14 +6,14 @@ run it on a scratch copy of the tree (such as the device's), build, measure, and
     python tools/gemm_timeline/stamp_sources.py ROOT --edit-sources-in-place
 
 The buffer (int64, STAMP_WORDS words) is found by the first corrected_matmul call of the process, from the
-device address in WMMAE_TIMELINE_PTR. Layout, per block (blocks past 511 write nothing):
-- words [0, 65536): the fp16 GEMM, 128 per block: 0 %smid, 1 start, 2 + 6 e + phase for batch entry (piece)
-  e < 20, 127 end. Phases: 0 the piece's top, 1 its wait for the grid before it (or for the resident pre-pass)
-  done, 2 its line scales ready, 3 its first stage's barrier (TMA stages), 4 its stage loop done, 5 its flush
-  done.
-- words [65536, 67584): the tf32 GEMM (auto's exit GEMM or the method's), 4 per block: %smid, start, end of the
-  prior-grid wait (auto), end.
-- words [67584, 69632): the float32 fallback's check, 4 per block, as the tf32 GEMM.
+device address in WMMAE_TIMELINE_PTR. Its layout (the constants below; blocks past MAX_BLOCKS write nothing):
+- the fp16 GEMM, GEMM_STRIDE words per block from 0: %smid, start, then PIECE_STAMPS per piece p < MAX_PIECES
+  (the block's p-th piece of work, a batch entry's tile; a piece of several chunks stamps its last) at
+  2 + PIECE_STAMPS p: its top, then the ends of its wait for the grid before it (or for the resident pre-pass),
+  of its line scales, of its first stage's barrier, of its stage loop and of its flush; the end at END_WORD.
+- the tf32 GEMM (auto's exit GEMM or the method's), KERNEL_STAMPS words per block from TF32_BASE: %smid, start,
+  end of the prior-grid wait (auto), end; the float32 fallback's check the same from FALLBACK_BASE.
+timeline.py reads the fp16 GEMM (methods "fp16" and "auto").
 Also, WMMAE_TIMELINE_SKIP_EXIT=1 leaves out auto's two exit kernels (the tf32 GEMM and the float32 fallback's
 check), so that a run can show what they cost: its outputs are wrong wherever a tile is not fp16-safe.
 An edit whose anchor text is missing fails loudly: mend the anchors here when the kernels change.
@@ -24,82 +24,110 @@ import argparse
 import os
 import sys
 
-STAMP_WORDS = 69632
+# The buffer's layout, one definition for the stamps (below) and for timeline.py.
+MAX_BLOCKS = 512           # blocks past these write nothing
+GEMM_STRIDE = 128          # words per fp16 GEMM block: 0 %smid, 1 start, the pieces' stamps, END_WORD end
+PIECE_STAMPS = 6           # per piece: its top, then the end of each of timeline.py's PHASES
+MAX_PIECES = 20
+END_WORD = GEMM_STRIDE - 1
+KERNEL_STAMPS = 4          # per block of the tf32 GEMM and of the fallback's check: %smid, start, wait done, end
+TF32_BASE = GEMM_STRIDE * MAX_BLOCKS
+FALLBACK_BASE = TF32_BASE + KERNEL_STAMPS * MAX_BLOCKS
+STAMP_WORDS = FALLBACK_BASE + KERNEL_STAMPS * MAX_BLOCKS
+assert 2 + PIECE_STAMPS * MAX_PIECES <= END_WORD, "the pieces' stamps fit before the end word"
 
-_HELPERS = """namespace wmmae_ops {
-namespace sm90 {
+_HELPERS = f"""namespace wmmae_ops {{
+namespace sm90 {{
 
 // Timeline build (tools/gemm_timeline/stamp_sources.py): see that script for the buffer's layout.
 __device__ unsigned long long* g_timeline = nullptr;
-__device__ __forceinline__ unsigned long long timeline_now() {
+__device__ __forceinline__ unsigned long long timeline_now() {{
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-__device__ __forceinline__ unsigned timeline_smid() {
+}}
+__device__ __forceinline__ unsigned timeline_smid() {{
   unsigned s;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
   return s;
-}
-__device__ __forceinline__ void timeline_put(int base, int stride, int idx, unsigned long long v) {
+}}
+__device__ __forceinline__ void timeline_put(int base, int stride, int idx, unsigned long long v) {{
   unsigned long long* buffer = g_timeline;
   if (buffer == nullptr || threadIdx.x != 0) return;
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (block < 512) buffer[base + block * stride + idx] = v;
-}
+  if (block < {MAX_BLOCKS}) buffer[base + block * stride + idx] = v;
+}}
+// Word `idx` of this fp16 GEMM block, or of this tf32 GEMM / fallback block (base {TF32_BASE} / {FALLBACK_BASE}).
+__device__ __forceinline__ void timeline_gemm(int idx, unsigned long long v) {{ timeline_put(0, {GEMM_STRIDE}, idx, v); }}
+__device__ __forceinline__ void timeline_kernel(int base, int idx, unsigned long long v) {{
+  timeline_put(base, {KERNEL_STAMPS}, idx, v);
+}}
+// Stamp `stamp` (0: top) of the block's piece-th piece.
+__device__ __forceinline__ void timeline_piece(int piece, int stamp) {{
+  if (piece < {MAX_PIECES}) timeline_gemm(2 + {PIECE_STAMPS} * piece + stamp, timeline_now());
+}}
 """
+
+_GEMM = "csrc/ops/corrected_gemm_sm90.cuh"
+_FALLBACK = "csrc/ops/float32_fallback.cuh"
+_HOST = "csrc/ops/corrected_matmul_cuda.cu"
+_PIECE = "if constexpr (!kTf32) timeline_piece(timeline_pieces - 1, {});\n"  # (the piece counter is past it)
 
 # (file, anchor, replacement): each anchor must occur exactly once.
 EDITS = [
-    ("csrc/ops/corrected_gemm_sm90.cuh", "namespace wmmae_ops {\nnamespace sm90 {\n", _HELPERS),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+    (_GEMM, "namespace wmmae_ops {\nnamespace sm90 {\n", _HELPERS),
+    (_GEMM,
      "  constexpr bool kTf32 = kM == Method::tf32;\n",
      "  constexpr bool kTf32 = kM == Method::tf32;\n"
-     "  if constexpr (kTf32) { timeline_put(65536, 4, 0, timeline_smid()); timeline_put(65536, 4, 1, timeline_now()); }\n"
-     "  else { timeline_put(0, 128, 0, timeline_smid()); timeline_put(0, 128, 1, timeline_now()); }\n"
-     "  int timeline_piece = 0;\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+     f"  if constexpr (kTf32) {{ timeline_kernel({TF32_BASE}, 0, timeline_smid()); "
+     f"timeline_kernel({TF32_BASE}, 1, timeline_now()); }}\n"
+     "  else { timeline_gemm(0, timeline_smid()); timeline_gemm(1, timeline_now()); }\n"
+     "  int timeline_pieces = 0;\n"),
+    (_GEMM,
      "      if (*args.tf32_tiles_pending == 0) return;\n",
-     "      timeline_put(65536, 4, 2, timeline_now());\n"
-     "      if (*args.tf32_tiles_pending == 0) { timeline_put(65536, 4, 3, timeline_now()); return; }\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+     f"      timeline_kernel({TF32_BASE}, 2, timeline_now());\n"
+     f"      if (*args.tf32_tiles_pending == 0) {{ timeline_kernel({TF32_BASE}, 3, timeline_now()); return; }}\n"),
+    (_GEMM,
      "    const std::int64_t z = piece.z;\n",
      "    const std::int64_t z = piece.z;\n"
-     "    const int stamp = timeline_piece < 20 ? 2 + 6 * timeline_piece : -1;\n"
-     "    ++timeline_piece;\n"
-     "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp, timeline_now());\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+     "    ++timeline_pieces;\n"
+     "    " + _PIECE.format(0)),
+    (_GEMM,
      "    } else {\n      wait_for_prior_grid();\n    }\n",
      "    } else {\n      wait_for_prior_grid();\n    }\n"
-     "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 1, timeline_now());\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+     "    " + _PIECE.format(1)),
+    (_GEMM,
      "                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);\n",
      "                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);\n"
-     "    if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 2, timeline_now());\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
-     "      if (k_tiles > 0) wait_tma_stage(0);\n      __syncthreads();\n",
-     "      if (k_tiles > 0) wait_tma_stage(0);\n      __syncthreads();\n"
-     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 3, timeline_now());\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+     "    " + _PIECE.format(2)),
+    (_GEMM,
+     "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n",
+     "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n"
+     "    " + _PIECE.format(3)),
+    # (A piece of several chunks stamps its last chunk's loop and flush.)
+    (_GEMM,
      "      fence_registers(corr);\n      flush(chunk_begin == 0, chunk_end == k_tiles);\n",
      "      fence_registers(corr);\n"
-     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 4, timeline_now());\n"
+     "      " + _PIECE.format(4) +
      "      flush(chunk_begin == 0, chunk_end == k_tiles);\n"
-     "      if (!kTf32 && stamp >= 0) timeline_put(0, 128, stamp + 5, timeline_now());\n"),
-    ("csrc/ops/corrected_gemm_sm90.cuh",
+     "      " + _PIECE.format(5)),
+    (_GEMM,
      "    previous_k_tiles = k_tiles;\n  }\n",
      "    previous_k_tiles = k_tiles;\n  }\n"
-     "  if constexpr (kTf32) timeline_put(65536, 4, 3, timeline_now());\n"
-     "  else timeline_put(0, 128, 127, timeline_now());\n"),
-    ("csrc/ops/float32_fallback.cuh",
+     f"  if constexpr (kTf32) timeline_kernel({TF32_BASE}, 3, timeline_now());\n"
+     f"  else timeline_gemm({END_WORD}, timeline_now());\n"),
+    (_FALLBACK,
      "  allow_dependent_grid();  // the next call's zeroing\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
      "  if (*args.wide_tiles_pending == 0ull) return;\n",
-     "  sm90::timeline_put(67584, 4, 0, sm90::timeline_smid());\n"
-     "  sm90::timeline_put(67584, 4, 1, sm90::timeline_now());\n"
+     f"  sm90::timeline_kernel({FALLBACK_BASE}, 0, sm90::timeline_smid());\n"
+     f"  sm90::timeline_kernel({FALLBACK_BASE}, 1, sm90::timeline_now());\n"
      "  allow_dependent_grid();  // the next call's zeroing\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
-     "  sm90::timeline_put(67584, 4, 2, sm90::timeline_now());\n"
-     "  if (*args.wide_tiles_pending == 0ull) { sm90::timeline_put(67584, 4, 3, sm90::timeline_now()); return; }\n"),
-    ("csrc/ops/corrected_matmul_cuda.cu",
+     f"  sm90::timeline_kernel({FALLBACK_BASE}, 2, sm90::timeline_now());\n"
+     f"  if (*args.wide_tiles_pending == 0ull) {{ sm90::timeline_kernel({FALLBACK_BASE}, 3, sm90::timeline_now()); return; }}\n"),
+    (_FALLBACK,
+     "    if (item >= items) return;\n",
+     f"    if (item >= items) {{ sm90::timeline_kernel({FALLBACK_BASE}, 3, sm90::timeline_now()); return; }}\n"),
+    (_HOST,
      "  const int sm_count = props.multiProcessorCount;\n",
      "  const int sm_count = props.multiProcessorCount;\n"
      "  {  // timeline build: the stamps' buffer, once per process\n"
@@ -111,7 +139,7 @@ EDITS = [
      "      timeline_set = true;\n"
      "    }\n"
      "  }\n"),
-    ("csrc/ops/corrected_matmul_cuda.cu",
+    (_HOST,
      "  if (method != Method::fp16) {\n",
      "  if (method == Method::tf32 ||\n"
      "      (method == Method::automatic && std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"),

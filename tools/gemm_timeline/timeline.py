@@ -1,7 +1,8 @@
 """Where a corrected_matmul call's GPU time goes, block by block, on a timeline build (stamp_sources.py): runs
-`calls` calls back to back (the host kept ahead), keeps the stamps of the last one, and prints per batch entry
-(piece) of the fp16 GEMM's blocks the medians of its phases, the GEMM's span, and when the tf32 GEMM's and the
-float32 fallback check's blocks ran. Times in us from the first GEMM block's start.
+`calls` calls back to back (the host kept ahead), keeps the stamps of the last one, and prints for each piece
+index p (the p-th batch entry or tile of each block) the medians over the fp16 GEMM's blocks of the piece's
+phases and the spread of its start, the GEMM's span, and when the tf32 GEMM's and the float32 fallback check's
+blocks ran. Times in us from the first GEMM block's start. Methods "fp16" and "auto" (their fp16 GEMM).
 
     python tools/gemm_timeline/timeline.py --method auto --shape 512 128 128 64 [--reps 3] [--json out.json]
         [--between-calls noop]
@@ -22,11 +23,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
-from stamp_sources import STAMP_WORDS  # noqa: E402
+from stamp_sources import (END_WORD, FALLBACK_BASE, GEMM_STRIDE, KERNEL_STAMPS, MAX_BLOCKS,  # noqa: E402
+                           MAX_PIECES, PIECE_STAMPS, STAMP_WORDS, TF32_BASE)
 
-GEMM_STRIDE, TF32_BASE, FALLBACK_BASE, MAX_BLOCKS, MAX_PIECES = 128, 65536, 67584, 512, 20
-PIECE_STAMPS = 6  # per batch entry: its top, then the end of each phase
+# What each piece's stamps after its top end (stamp_sources.py's layout).
 PHASES = ("prior grid", "lines", "first stage", "loop", "flush")
+assert len(PHASES) == PIECE_STAMPS - 1
 
 
 def gemm_summary(stamps: list[int]) -> dict:
@@ -36,26 +38,27 @@ def gemm_summary(stamps: list[int]) -> dict:
         raise RuntimeError("timeline: no fp16 GEMM block stamped (not a timeline build, or not the wgmma GEMM)")
     t0 = min(r[1] for r in blocks)
     us = lambda t: (t - t0) / 1e3  # noqa: E731
-    end = max(r[127] for r in blocks)
+    end = max(r[END_WORD] for r in blocks)
     pieces = []
     for e in range(MAX_PIECES):
         first = 2 + PIECE_STAMPS * e
-        rows = [r[first:first + PIECE_STAMPS] for r in blocks if r[first] != 0 and r[first + PIECE_STAMPS - 1] != 0]
+        rows = [r[first:first + PIECE_STAMPS] for r in blocks if all(r[first:first + PIECE_STAMPS])]
         if not rows:
             break
         pieces.append({"entry": e, "blocks": len(rows), "top": statistics.median(us(x[0]) for x in rows),
                        "top_spread": max(us(x[0]) for x in rows) - min(us(x[0]) for x in rows),
                        **{name: statistics.median((x[i + 1] - x[i]) / 1e3 for x in rows)
                           for i, name in enumerate(PHASES)}})
-    summary = {"blocks": len(blocks), "span": us(end), "first_end": us(min(r[127] for r in blocks)),
+    summary = {"blocks": len(blocks), "span": us(end), "first_end": us(min(r[END_WORD] for r in blocks)),
                "pieces": pieces}
     for name, base in (("tf32", TF32_BASE), ("fallback", FALLBACK_BASE)):
-        rows = [stamps[base + 4 * b:base + 4 * b + 4] for b in range(MAX_BLOCKS) if stamps[base + 4 * b + 1] != 0]
-        if rows:
+        rows = [stamps[base + KERNEL_STAMPS * b:base + KERNEL_STAMPS * (b + 1)] for b in range(MAX_BLOCKS)
+                if stamps[base + KERNEL_STAMPS * b + 1] != 0]
+        if rows and all(r[3] for r in rows):
             summary[name] = {"blocks": len(rows), "start_first": us(min(r[1] for r in rows)),
                              "start_median": statistics.median(us(r[1]) for r in rows),
                              "start_last": us(max(r[1] for r in rows)),
-                             "end_last": us(max(r[3] for r in rows if r[3])),
+                             "end_last": us(max(r[3] for r in rows)),
                              "started_before_gemm_end": sum(1 for r in rows if r[1] < end)}
     return summary
 
