@@ -73,37 +73,29 @@ _FALLBACK = "csrc/ops/float32_fallback.cuh"
 _HOST = "csrc/ops/corrected_matmul_cuda.cu"
 _PIECE = "if constexpr (!kTf32) timeline_piece(timeline_pieces - 1, {});\n"  # (the piece counter is past it)
 
+
+
+def _after(path: str, anchor: str, inserted: str) -> tuple[str, str, str]:
+    """The edit that puts `inserted` right after `anchor`."""
+    return path, anchor, anchor + inserted
+
+
 # (file, anchor, replacement): each anchor must occur exactly once.
 EDITS = [
     (_GEMM, "namespace wmmae_ops {\nnamespace sm90 {\n", _HELPERS),
-    (_GEMM,
-     "  constexpr bool kTf32 = kM == Method::tf32;\n",
-     "  constexpr bool kTf32 = kM == Method::tf32;\n"
-     f"  if constexpr (kTf32) {{ timeline_kernel({TF32_BASE}, 0, timeline_smid()); "
-     f"timeline_kernel({TF32_BASE}, 1, timeline_now()); }}\n"
-     "  else { timeline_gemm(0, timeline_smid()); timeline_gemm(1, timeline_now()); }\n"
-     "  int timeline_pieces = 0;\n"),
+    _after(_GEMM, "  constexpr bool kTf32 = kM == Method::tf32;\n",
+           f"  if constexpr (kTf32) {{ timeline_kernel({TF32_BASE}, 0, timeline_smid()); "
+           f"timeline_kernel({TF32_BASE}, 1, timeline_now()); }}\n"
+           "  else { timeline_gemm(0, timeline_smid()); timeline_gemm(1, timeline_now()); }\n"
+           "  int timeline_pieces = 0;\n"),
     (_GEMM,
      "      if (*args.tf32_tiles_pending == 0) return;\n",
      f"      timeline_kernel({TF32_BASE}, 2, timeline_now());\n"
      f"      if (*args.tf32_tiles_pending == 0) {{ timeline_kernel({TF32_BASE}, 3, timeline_now()); return; }}\n"),
-    (_GEMM,
-     "    const std::int64_t z = piece.z;\n",
-     "    const std::int64_t z = piece.z;\n"
-     "    ++timeline_pieces;\n"
-     "    " + _PIECE.format(0)),
-    (_GEMM,
-     "    } else {\n      wait_for_prior_grid();\n    }\n",
-     "    } else {\n      wait_for_prior_grid();\n    }\n"
-     "    " + _PIECE.format(1)),
-    (_GEMM,
-     "                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);\n",
-     "                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);\n"
-     "    " + _PIECE.format(2)),
-    (_GEMM,
-     "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n",
-     "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n"
-     "    " + _PIECE.format(3)),
+    _after(_GEMM, "    const std::int64_t z = piece.z;\n", "    ++timeline_pieces;\n    " + _PIECE.format(0)),
+    _after(_GEMM, "    } else {\n      wait_for_prior_grid();\n    }\n", "    " + _PIECE.format(1)),
+    _after(_GEMM, ": load_line_scales<kM>(args, scales, z, m0, n0);\n", "    " + _PIECE.format(2)),
+    _after(_GEMM, "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n", "    " + _PIECE.format(3)),
     # (A piece of several chunks stamps its last chunk's loop and flush.)
     (_GEMM,
      "      fence_registers(corr);\n      flush(chunk_begin == 0, chunk_end == k_tiles);\n",
@@ -111,11 +103,9 @@ EDITS = [
      "      " + _PIECE.format(4) +
      "      flush(chunk_begin == 0, chunk_end == k_tiles);\n"
      "      " + _PIECE.format(5)),
-    (_GEMM,
-     "    previous_k_tiles = k_tiles;\n  }\n",
-     "    previous_k_tiles = k_tiles;\n  }\n"
-     f"  if constexpr (kTf32) timeline_kernel({TF32_BASE}, 3, timeline_now());\n"
-     f"  else timeline_gemm({END_WORD}, timeline_now());\n"),
+    _after(_GEMM, "    previous_k_tiles = k_tiles;\n  }\n",
+           f"  if constexpr (kTf32) timeline_kernel({TF32_BASE}, 3, timeline_now());\n"
+           f"  else timeline_gemm({END_WORD}, timeline_now());\n"),
     (_FALLBACK,
      "  allow_dependent_grid();  // the next call's zeroing\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
      "  if (*args.wide_tiles_pending == 0ull) return;\n",
@@ -127,18 +117,16 @@ EDITS = [
     (_FALLBACK,
      "    if (item >= items) return;\n",
      f"    if (item >= items) {{ sm90::timeline_kernel({FALLBACK_BASE}, 3, sm90::timeline_now()); return; }}\n"),
-    (_HOST,
-     "  const int sm_count = props.multiProcessorCount;\n",
-     "  const int sm_count = props.multiProcessorCount;\n"
-     "  {  // timeline build: the stamps' buffer, once per process\n"
-     "    static bool timeline_set = false;\n"
-     "    const char* address = std::getenv(\"WMMAE_TIMELINE_PTR\");\n"
-     "    if (!timeline_set && address != nullptr) {\n"
-     "      auto* buffer = reinterpret_cast<unsigned long long*>(std::strtoull(address, nullptr, 10));\n"
-     "      C10_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_timeline, &buffer, sizeof(buffer)));\n"
-     "      timeline_set = true;\n"
-     "    }\n"
-     "  }\n"),
+    _after(_HOST, "  const int sm_count = props.multiProcessorCount;\n",
+           "  {  // timeline build: the stamps' buffer, once per process\n"
+           "    static bool timeline_set = false;\n"
+           "    const char* address = std::getenv(\"WMMAE_TIMELINE_PTR\");\n"
+           "    if (!timeline_set && address != nullptr) {\n"
+           "      auto* buffer = reinterpret_cast<unsigned long long*>(std::strtoull(address, nullptr, 10));\n"
+           "      C10_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_timeline, &buffer, sizeof(buffer)));\n"
+           "      timeline_set = true;\n"
+           "    }\n"
+           "  }\n"),
     (_HOST,
      "  if (method != Method::fp16) {\n",
      "  if (method == Method::tf32 ||\n"
