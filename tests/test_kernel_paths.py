@@ -1199,6 +1199,137 @@ def test_corrected_matmul_prepass_many_contiguous_lines(gen, operand, k):
             assert_matmul_within_dot_product_bound(out[:, good], a, b[:, good], f"{operand} {method} K={k}")
 
 
+# --------------------------------------------------------------------------------------------------------
+# corrected_matmul's small GEMM (corrected_gemm_small.cuh): outputs of at most 64 x 64 per batch entry, K <= 128
+# --------------------------------------------------------------------------------------------------------
+SMALL_GEMM_SWITCH = "TORCH_WMMAE_SMALL_GEMM"
+SMALL_GEMM_KERNEL = "corrected_gemm_small_kernel"
+
+
+@pytest.fixture(autouse=True)
+def _tile_gemms_unless_asked(monkeypatch):
+    """This module's calls run the tile GEMMs (whose paths it tests) unless a test asks for the small GEMM: many
+    of its products are small enough that the default rule would give them to it."""
+    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")
+
+
+# (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
+# takes the small GEMM (else only TORCH_WMMAE_SMALL_GEMM=1 does: outputs of several 64 x 64 tiles).
+SMALL_GEMM_CASES = {
+    "k64_one_tile": (((3, 64, 64), 64, 0, False), ((3, 64, 64), 64, 0, False), True),
+    "k1": (((2, 9, 1), 1, 0, False), ((2, 1, 12), 12, 0, False), True),
+    "k33_odd_both_col_offsets": (((5, 17, 33), 20, 1, True), ((5, 33, 15), 35, 3, True), True),
+    "k128_broadcast_b_offset": (((4, 64, 128), 131, 2, False), ((128, 50), 50, 0, False), True),
+    "k16_a_col_b_row_offset": (((2, 64, 16), 64, 0, True), ((2, 16, 64), 70, 5, False), True),
+    "k100_vector_rows": (((6, 1, 100), 100, 0, False), ((6, 100, 64), 64, 0, False), True),
+    "k96_tiles_of_130x200": (((2, 130, 96), 96, 0, False), ((2, 96, 200), 96, 0, True), False),
+}
+
+
+def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b (2-D) as one float32 fused multiply-add per product in k order from +0: each step rounds the exact
+    acc + a_ik b_kj to float32 once. float64 holds each product exactly and two-sum gives the exact error of their
+    sum, which decides the rounding where float64's own rounding lands on a float32 tie."""
+    a64, b64 = a.double().cpu(), b.double().cpu()
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    for i in range(a.shape[1]):
+        x, p = acc.double(), a64[:, i : i + 1] * b64[i : i + 1, :]
+        s = x + p
+        v = s - x
+        err = (x - (s - v)) + (p - v)
+        nearest = s.float()
+        beyond = torch.where(s > nearest.double(), torch.full_like(nearest, math.inf), torch.full_like(nearest, -math.inf))
+        other = torch.nextafter(nearest, beyond)  # the float on s's other side
+        tie = torch.isfinite(s) & (nearest.double() != s) & ((s - nearest.double()) == (other.double() - s))
+        toward_other = tie & (err != 0) & ((err > 0) == (other.double() > s))
+        acc = torch.where(toward_other, other, nearest)
+    return acc
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("magnitudes", ["normal", "wide"])
+@pytest.mark.parametrize("case", list(SMALL_GEMM_CASES))
+def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
+    """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
+    tile (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), over any strides, offsets and broadcasts; it writes
+    every output (a NaN-poisoned pool) and is correct: within the dot-product bound, and on "wide" inputs
+    (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and float64's NaN and Inf. Its fp16 method
+    gives the tile GEMMs' bits (the same scaling, split and order of tensor-core sums)."""
+    (a_shape, a_ld, a_off, a_col), (b_shape, b_ld, b_off, b_col), by_default = SMALL_GEMM_CASES[case]
+    a = _strided_matrix(gen, a_shape, a_ld, a_off, col_major=a_col)
+    b = _strided_matrix(gen, b_shape, b_ld, b_off, col_major=b_col)
+    if magnitudes == "wide":
+        if a.shape[-2] <= 7 or b.shape[-1] <= 9:
+            pytest.skip("_make_wide's Inf and NaN lie outside these shapes")
+        _make_wide(gen, a, b)
+    switches = ("default", "1", "0")
+    outs, kernels = {}, {}
+    for switch in switches:
+        if switch == "default":
+            monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
+        else:
+            monkeypatch.setenv(SMALL_GEMM_SWITCH, switch)
+        with poisoned_cuda_pool(float("nan")), deterministic():
+            kernels[switch] = _launched_kernels(lambda: outs.setdefault(switch, torch_wmmae.corrected_matmul(a, b, method=method)))
+    if profiler_records_kernels():
+        for switch, small in (("default", by_default), ("1", True), ("0", False)):
+            ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
+            if small:  # one kernel: no pre-pass, workspace zeroing or exit kernels
+                assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], (switch, ran)
+            else:
+                assert not any(SMALL_GEMM_KERNEL in name for name in ran), (switch, ran)
+    for switch in ("default", "1"):
+        _assert_matmul_on_magnitudes(outs[switch], a, b, magnitudes, method, f"{case} {switch}")
+    if by_default:
+        torch.testing.assert_close(outs["default"], outs["1"], rtol=0, atol=0, equal_nan=True)
+    if method == "fp16" or magnitudes == "normal":  # (auto's wide tiles: float32 FMAs here, tf32 in the tile GEMMs)
+        torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0, equal_nan=True,
+                                   msg="the fp16 method's bits differ between the small GEMM and the tile GEMMs")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, monkeypatch, a_col, b_col):
+    """auto in the small GEMM: a tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf;
+    a row with a NaN) is computed with one float32 fused multiply-add per product in k order (those bits, exactly:
+    _fma_sequence_reference), the other tiles of the call with the fp16 method's bits."""
+    monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
+    batch, m, n, k = 6, 40, 56, 120
+    a = random_tensor_in_layout((batch, m, k), a_col, gen, "cuda")
+    b = random_tensor_in_layout((batch, k, n), b_col, gen, "cuda")
+    a[1, 7, 1], a[1, 7, 2] = 2.0**30, 2.0**-30  # entry 1: a row spanning 2^60
+    b[3, 5, 9] = float("inf")                   # entry 3: an Inf
+    a[4, 39, 119] = float("nan")                # entry 4: a NaN
+    with deterministic():
+        auto = torch_wmmae.corrected_matmul(a, b, method="auto")
+        fp16 = torch_wmmae.corrected_matmul(a, b, method="fp16")
+    wide = [1, 3, 4]
+    for z in range(batch):
+        if z in wide:
+            torch.testing.assert_close(auto[z].cpu(), _fma_sequence_reference(a[z], b[z]), rtol=0, atol=0,
+                                       equal_nan=True, msg=f"entry {z}")
+        else:
+            assert torch.equal(auto[z], fp16[z]), f"entry {z}"
+    assert not torch.equal(auto[1], fp16[1])  # (else the test could not tell the paths apart)
+    assert_matmul_within_dot_product_bound(auto[[0, 2, 5]], a[[0, 2, 5]], b[[0, 2, 5]], "fp16-safe entries")
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_small_gemm_loops_over_batches_past_the_grid_limit(gen, monkeypatch):
+    """More batch entries than a grid's y extent takes (65535): each block loops over entries y, y + 65535, ..."""
+    monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
+    a = random_tensor(gen, (65535 + 300, 1, 5), "normal", "cuda")
+    b = random_tensor(gen, (65535 + 300, 5, 2), "normal", "cuda")
+    with poisoned_cuda_pool(float("nan")):  # (the output, 0.5 MB, comes from the pool's small blocks)
+        out = torch_wmmae.corrected_matmul(a, b)
+    assert_matmul_within_dot_product_bound(out, a, b, "batch past 65535")
+
+
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 OUT_DTYPES = {"out_f32": torch.float32, "out_f16": torch.float16, "out_bf16": torch.bfloat16}
 

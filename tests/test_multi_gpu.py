@@ -124,7 +124,8 @@ def test_both_devices_at_once_give_the_same_bits(gen):
 # fallback computing every quadrant again (outputs at risk: conftest.outputs_at_risk; the CPU emulation's bits).
 # A large output (2048^2, chunks of 4096) with K = 4160: unsplit in deterministic mode, its blocks read their
 # partial sums back in one batch (the kReadBack instantiation); otherwise the long-K split in 2 (the GPU's SM
-# count and L2 size decide it, so the test checks the plan of each GPU).
+# count and L2 size decide it, so the test checks the plan of each GPU). Small products: the small GEMM, auto's
+# wide entry with float32 FMAs.
 SCHEDULES = {
     "resident_prepass": ((6, 200, 300), (6, 300, 136), {}, True, "fp16", "resident_prepass_kernel"),
     "persistent_batch_slots": ((None, 200, 100), (None, 100, 136), {}, True, "fp16", None),
@@ -135,6 +136,7 @@ SCHEDULES = {
     "float32_fallback": ((2, 150, 70), (70, 140), {}, True, "tf32", "float32_fallback_kernel"),
     "read_back_in_one_batch": ((2048, 4160), (4160, 2048), {}, True, "fp16", READ_BACK_KERNEL),
     "long_k_split": ((2048, 4160), (4160, 2048), {}, False, "fp16", None),
+    "small_gemm": ((6, 50, 100), (6, 100, 60), {}, True, "auto", "corrected_gemm_small_kernel"),
 }
 
 
@@ -150,7 +152,7 @@ def test_every_gemm_schedule_runs_on_the_inputs_device(gen, monkeypatch, schedul
     the bits of the same call on the other GPU."""
     a_shape, b_shape, env, exact, method, kernel = SCHEDULES[schedule]
     for key in ("TORCH_WMMAE_STREAM_K", "TORCH_WMMAE_RESIDENT_PREPASS", "TORCH_WMMAE_SM90_TMA",
-                "TORCH_WMMAE_PORTABLE_GEMM"):
+                "TORCH_WMMAE_PORTABLE_GEMM", "TORCH_WMMAE_SMALL_GEMM"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -1,5 +1,8 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
+// 0. Small products (fp16 and auto, each batch entry's output at most 64x64, K <= 128: small_gemm_applies) are one
+//    kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what follows for its 64x64 tiles itself
+//    (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
@@ -537,6 +540,7 @@ __device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) { return make
 #include "corrected_gemm_sm90.cuh"
 #include "float32_fallback.cuh"
 #include "resident_prepass_sm90.cuh"
+#include "corrected_gemm_small.cuh"
 
 namespace wmmae_ops {
 namespace {
@@ -884,6 +888,33 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
   else launch_gemm_variant<M, false, false>(args, launch);
 }
 
+// Whether a call runs the small GEMM (corrected_gemm_small.cuh) instead of the tile GEMMs: fp16 and auto where K fits
+// in its shared memory (K <= kSmallMaxK), by default where a batch entry's output fits one 64x64 tile, which fills a
+// quarter of the tile GEMMs' 128x128 tiles. TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M
+// and N). Read on every call: tests compare it with the tile GEMMs.
+bool small_gemm_applies(const GemmArgs& args) {
+  if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
+  return env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallTile && args.n <= kSmallTile);
+}
+
+template <bool kARowMajor, bool kBRowMajor>
+void launch_small_gemm_variant(const GemmArgs& args, cudaStream_t stream) {
+  constexpr auto kernel = corrected_gemm_small_kernel<kARowMajor, kBRowMajor>;
+  const std::size_t smem_bytes = small_gemm_smem_bytes<kARowMajor, kBRowMajor>(args.k);
+  allow_dynamic_smem<kernel>(smem_bytes);
+  const std::int64_t tiles = ((args.m + kSmallTile - 1) / kSmallTile) * ((args.n + kSmallTile - 1) / kSmallTile);
+  TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
+  launch_kernel(kernel, grid, dim3(kSmallThreads), smem_bytes, stream, false, args);
+}
+
+void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
+  if (a_row_major && b_row_major) launch_small_gemm_variant<true, true>(args, stream);
+  else if (a_row_major) launch_small_gemm_variant<true, false>(args, stream);
+  else if (b_row_major) launch_small_gemm_variant<false, true>(args, stream);
+  else launch_small_gemm_variant<false, false>(args, stream);
+}
+
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one
 // element); otherwise it is copied once into a contiguous tensor.
 bool row_major_view(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) == 1; }
@@ -948,6 +979,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
               std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ? " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "",
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
+  if (small_gemm_applies(args)) {  // one kernel: no workspace, no pre-pass
+    launch_small_gemm(args, a_row, b_row, stream);
+    return out;
+  }
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;

@@ -1,0 +1,362 @@
+// The GEMM of small products (small_gemm_applies in corrected_matmul_cuda.cu): 64x64 output tiles of a K that
+// fits in shared memory whole (K <= kSmallMaxK), one block of four warps per tile and batch entry, several blocks
+// per SM. The 128x128 tiles of the other GEMMs waste three quarters of their work on a 64x64 output and wait, one
+// tile after the other, on each tile's fixed latencies (line ranges, first stage, flush: benchmarks/NOTES.md,
+// sessions 81 and 82); here the blocks of other tiles hide them, and a call is one kernel (no pre-pass, no
+// workspace, no exit kernels).
+// A block: copies its rows of A and columns of B into shared memory (cp.async, any strides), folds each line's
+// exponent range there (thread t: line t, rows of A then columns of B), and then
+// - fp16, and auto where every line of the tile is fp16-safe: the fp16 method's arithmetic of the wgmma kernel
+//   (corrected_matmul_scheme.hpp): lines scaled by their powers of two and split into hi and residual tiles (B's
+//   residual compensated), per 32 k the hi*hi products summed in the tensor core and added to the float32 sum,
+//   the corrections chained in their own accumulator; WMMA (mma.sync) products, sm_80 and newer;
+// - auto where a line is not fp16-safe (a wide range of magnitudes, an Inf or a NaN): one float32 fused
+//   multiply-add per product in k order, as torch.matmul computes it: float32's accuracy over float32's whole
+//   range, and Inf and NaN as float32 gives them.
+// Included by corrected_matmul_cuda.cu after GemmArgs and the helpers it shares with the other GEMMs.
+#pragma once
+
+namespace wmmae_ops {
+
+constexpr int kSmallTile = 64;
+constexpr int kSmallThreads = 2 * kSmallTile;  // thread t folds line t: rows of A (t < 64), then columns of B
+constexpr int kSmallMaxK = 128;                // K in shared memory whole: 70 KB of it per block at this K
+constexpr int kSmallWarpTile = 32;             // each of the four warps computes 32 x 32 outputs
+static_assert(kSmallThreads / 32 == (kSmallTile / kSmallWarpTile) * (kSmallTile / kSmallWarpTile), "warp grid");
+constexpr int kSmallOutLd = kSmallTile + 4;    // the output tile's rows in shared memory, before they are stored
+// Blocks per SM that the registers must allow (at most 168 per thread): shared memory allows three at K = 128.
+constexpr int kSmallBlocksPerSm = 3;
+// Four-element chunks a thread splits of one operand at the largest K (see small_gemm_split).
+constexpr int kSmallMaxChunks = kSmallTile * kSmallMaxK / 4 / kSmallThreads;
+static_assert(kSmallMaxK % 16 == 0 && kSmallThreads == 128, "small_gemm_split's chunks of each thread");
+
+// One operand's tile in shared memory, in its orientation in global memory: `kKInner` when K is its contiguous
+// dimension (A row-major, B column-major), so that lines (rows of A, columns of B) are its outer dimension;
+// otherwise K is the outer one. First the fp32 elements, padded by 16 bytes per line (bank conflicts, 16-byte
+// chunks); the split then writes the hi and residual tiles over them (fp16, 16 bytes of padding per line;
+// 32-byte aligned fragments), hi first.
+template <bool kKInner>
+struct SmallOperandTile {
+  int k_pad;  // K rounded up to whole k-steps
+  __device__ explicit SmallOperandTile(int k_pad_) : k_pad(k_pad_) {}
+  __host__ __device__ static constexpr int outer(int k_pad) { return kKInner ? kSmallTile : k_pad; }
+  __host__ __device__ static constexpr int inner(int k_pad) { return kKInner ? k_pad : kSmallTile; }
+  __device__ int outer() const { return outer(k_pad); }
+  __device__ int inner() const { return inner(k_pad); }
+  __device__ int ld_f32() const { return inner() + 4; }
+  __device__ int ld_half() const { return inner() + 8; }
+  __device__ int offset(int line, int kk, int ld) const { return kKInner ? line * ld + kk : kk * ld + line; }
+  // Bytes: the hi and residual tiles, which take more than the fp32 elements.
+  __host__ __device__ static std::size_t bytes(int k_pad) {
+    return static_cast<std::size_t>(outer(k_pad)) * 2 * (inner(k_pad) + 8) * sizeof(__half);
+  }
+};
+
+// K rounded up to whole fp16 k-steps (the tiles' zero padding takes the rest).
+__host__ __device__ inline int small_gemm_k_pad(std::int64_t k) {
+  return static_cast<int>((k + kFp16KStep - 1) / kFp16KStep * kFp16KStep);
+}
+
+// Dynamic shared memory of a block: A's and B's tiles, which the output tile reuses at the end, then the line
+// shifts.
+template <bool kARowMajor, bool kBRowMajor>
+__host__ __device__ inline std::size_t small_gemm_smem_bytes(std::int64_t k) {
+  const int k_pad = small_gemm_k_pad(k);
+  const std::size_t tiles = SmallOperandTile<kARowMajor>::bytes(k_pad) + SmallOperandTile<!kBRowMajor>::bytes(k_pad);
+  const std::size_t out = sizeof(float) * kSmallTile * kSmallOutLd;
+  return (tiles > out ? tiles : out) + sizeof(int) * kSmallThreads;
+}
+
+// Thread t's four-element chunks of a tile, q = 0, 1, ... (the same for the copies and the split): with K inner, of
+// line t / 2 at chunk t % 2 + 2 q (two threads per line); else of k-row t / 16 + 8 q at lines 4 (t % 16) + [0, 4).
+// Affine in q, so that no offsets are kept across the batch loop. A warp's 16-byte copies cover whole 32-byte
+// sectors of 16 lines (K inner) or two k-rows of 256 bytes.
+template <bool kKInner>
+struct SmallChunks {
+  int outer0, inner0, count;  // chunk q: outer index outer0 + q * kOuterStep, inner index inner0 + q * kInnerStep
+  static constexpr int kOuterStep = kKInner ? 0 : kSmallThreads / 16, kInnerStep = kKInner ? 8 : 0;
+  __device__ explicit SmallChunks(const SmallOperandTile<kKInner>& tile)
+      : outer0(kKInner ? threadIdx.x / 2 : threadIdx.x / 16), inner0(kKInner ? (threadIdx.x % 2) * 4 : (threadIdx.x % 16) * 4),
+        count(kKInner ? tile.inner() / 8 : tile.outer() / kOuterStep) {}
+  __device__ int outer(int q) const { return outer0 + q * kOuterStep; }
+  __device__ int inner(int q) const { return inner0 + q * kInnerStep; }
+};
+static_assert(kSmallThreads == 128 && kSmallTile == 64, "SmallChunks' thread mapping");
+
+// Issues the cp.async copies of the tile's lines [line0, line0 + 64) (of `line_extent` in the matrix) and K
+// elements into its fp32 elements, zero-filling the rest: 16-byte copies (SmallChunks) where the contiguous
+// dimension allows them (stride 1, 16-byte aligned lines), else 4-byte ones, consecutive lanes at consecutive
+// addresses where a dimension is contiguous.
+template <bool kKInner>
+__device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperandTile<kKInner>& tile, const float* base,
+                                                 std::int64_t line0, std::int64_t line_extent, std::int64_t k,
+                                                 std::int64_t line_stride, std::int64_t k_stride) {
+  const int ld = tile.ld_f32();
+  const std::int64_t outer_stride = kKInner ? line_stride : k_stride, inner_stride = kKInner ? k_stride : line_stride;
+  const int lines = static_cast<int>(min(static_cast<std::int64_t>(kSmallTile), line_extent - line0));
+  const int kk_end = static_cast<int>(k);  // (k <= kSmallMaxK)
+  const int outer_end = kKInner ? lines : kk_end, inner_end = kKInner ? kk_end : lines;
+  const float* origin = base + line0 * line_stride;  // element (line0, 0)
+  const bool vec4 = inner_stride == 1 && outer_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 16 == 0;
+  if (vec4) {
+    const SmallChunks<kKInner> chunks(tile);
+    const float* src = origin + chunks.outer0 * outer_stride + chunks.inner0;
+    float* dst = stage + chunks.outer0 * ld + chunks.inner0;
+    const bool outer_in = chunks.outer0 < outer_end;  // (K inner: the thread's one line)
+#pragma unroll 4
+    for (int q = 0; q < chunks.count; ++q) {
+      const int o = chunks.outer(q), left = inner_end - chunks.inner(q);
+      const int bytes = (kKInner ? outer_in : o < outer_end) && left > 0 ? (left >= 4 ? 16 : 4 * left) : 0;
+      cp_async16_bytes(dst + q * (SmallChunks<kKInner>::kOuterStep * ld + SmallChunks<kKInner>::kInnerStep),
+                       bytes > 0 ? src + q * (SmallChunks<kKInner>::kOuterStep * outer_stride + SmallChunks<kKInner>::kInnerStep)
+                                 : base,
+                       bytes);
+    }
+    return;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = warp; o < tile.outer(); o += kSmallThreads / 32) {
+    const float* src = origin + o * outer_stride;
+    for (int i = lane; i < tile.inner(); i += 32) {
+      const bool valid = o < outer_end && i < inner_end;
+      cp_async4(stage + o * ld + i, valid ? src + i * inner_stride : base, valid);
+    }
+  }
+}
+
+// The exponent range of line `line` of a tile's fp32 elements (zeros, the padding among them, count for nothing):
+// MagnitudeKeys (two integer operations per element), folded again exactly where they saw an Inf or a NaN.
+template <bool kKInner>
+__device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stage, const SmallOperandTile<kKInner>& tile,
+                                                                int line) {
+  const int ld = tile.ld_f32();
+  const int step = kKInner ? 1 : ld;  // along the line (16-byte reads: lanes 8 lines apart share no bank) or across
+  const float* p = stage + (kKInner ? line * ld : line);
+  MagnitudeKeys keys = MagnitudeKeys::none();
+  for (int kk = 0; kk < tile.k_pad; kk += 4) {
+    float4 v;
+    if constexpr (kKInner) {
+      v = *reinterpret_cast<const float4*>(p + kk);
+    } else {
+      v = make_float4(p[kk * step], p[(kk + 1) * step], p[(kk + 2) * step], p[(kk + 3) * step]);
+    }
+    keys.include(v.x);
+    keys.include(v.y);
+    keys.include(v.z);
+    keys.include(v.w);
+  }
+  if (keys.exact()) return keys.bits().exponent_range();
+  MagnitudeBits bits = MagnitudeBits::none();
+  for (int kk = 0; kk < tile.k_pad; ++kk) bits.include(p[kk * step]);
+  return bits.exponent_range();
+}
+
+// The power of two 2^shift as a float (|shift| <= 127, see line_shift).
+__device__ __forceinline__ float small_gemm_scale(int shift) { return __int_as_float((127 + shift) << 23); }
+
+// Scales the tile's fp32 lines by their powers of two and splits them into hi and residual tiles in place (the
+// residual compensated for B: wmmae::split_fp16_compensated): each thread reads its four-element chunks into
+// registers (SmallChunks), and after a block barrier writes their splits over them. Block-wide barriers.
+template <bool kKInner, bool kCompensate>
+__device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperandTile<kKInner>& tile, const int* shift) {
+  const SmallChunks<kKInner> chunks(tile);
+  float4 v[kSmallMaxChunks];
+#pragma unroll
+  for (int q = 0; q < kSmallMaxChunks; ++q) {  // (every q reads, chunk 0 past the thread's last: v stays in registers)
+    const int r = q < chunks.count ? q : 0;
+    v[q] = *reinterpret_cast<const float4*>(stage + chunks.outer(r) * tile.ld_f32() + chunks.inner(r));
+  }
+  __syncthreads();  // every fp32 element has been read
+  __half* hi = reinterpret_cast<__half*>(stage);
+  __half* lo = hi + tile.outer() * tile.ld_half();
+#pragma unroll
+  for (int q = 0; q < kSmallMaxChunks; ++q) {
+    if (q < chunks.count) {
+      const int o = chunks.outer(q), i = chunks.inner(q);
+      float4 x = v[q];
+      if constexpr (kKInner) {  // one line: one scale
+        const float s = small_gemm_scale(shift[o]);
+        x = make_float4(x.x * s, x.y * s, x.z * s, x.w * s);
+      } else {
+        x = make_float4(x.x * small_gemm_scale(shift[i]), x.y * small_gemm_scale(shift[i + 1]),
+                        x.z * small_gemm_scale(shift[i + 2]), x.w * small_gemm_scale(shift[i + 3]));
+      }
+      __half2 h01, h23, l01, l23;
+      if constexpr (kCompensate) {
+        wmmae::split_fp16x2_compensated(x.x, x.y, h01, l01);
+        wmmae::split_fp16x2_compensated(x.z, x.w, h23, l23);
+      } else {
+        wmmae::split_fp16x2(x.x, x.y, h01, l01);
+        wmmae::split_fp16x2(x.z, x.w, h23, l23);
+      }
+      const int off = o * tile.ld_half() + i;
+      *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
+      *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
+    }
+  }
+}
+
+// Stores the output tile (rows x cols of it, kSmallOutLd floats per row in shared memory) into row-major c at
+// (m0, n0): a warp per row, consecutive lanes at consecutive columns.
+__device__ __forceinline__ void small_gemm_store(float* c, std::int64_t n, std::int64_t m0, std::int64_t n0, int rows,
+                                                 int cols, const float* tile) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int r = warp; r < rows; r += kSmallThreads / 32) {
+    float* row = c + (m0 + r) * n + n0;
+    for (int cc = lane; cc < cols; cc += 32) row[cc] = tile[r * kSmallOutLd + cc];
+  }
+}
+
+template <bool kARowMajor, bool kBRowMajor>
+__global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_gemm_small_kernel(GemmArgs args) {
+  namespace wmma = nvcuda::wmma;
+  using TileA = SmallOperandTile<kARowMajor>;    // A row-major: K inner
+  using TileB = SmallOperandTile<!kBRowMajor>;   // B column-major: K inner
+  using LayoutA = typename std::conditional<kARowMajor, wmma::row_major, wmma::col_major>::type;
+  using LayoutB = typename std::conditional<kBRowMajor, wmma::row_major, wmma::col_major>::type;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, kFp16KStep, __half, LayoutA>;
+  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, kFp16KStep, __half, LayoutB>;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, kFp16KStep, float>;
+  constexpr int kFrags = kSmallWarpTile / 16;
+
+  const std::int64_t m = args.m, n = args.n, k = args.k;
+  const int k_pad = small_gemm_k_pad(k);
+  const TileA tile_a(k_pad);
+  const TileB tile_b(k_pad);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* stage_a = reinterpret_cast<float*>(smem_raw);
+  float* stage_b = reinterpret_cast<float*>(smem_raw + TileA::bytes(k_pad));
+  float* out_tile = stage_a;  // after the products: the output tile, kSmallOutLd floats per row
+  int* shift = reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kARowMajor, kBRowMajor>(k)) - kSmallThreads;
+  const __half* hi_a = reinterpret_cast<const __half*>(stage_a);
+  const __half* lo_a = hi_a + tile_a.outer() * tile_a.ld_half();
+  const __half* hi_b = reinterpret_cast<const __half*>(stage_b);
+  const __half* lo_b = hi_b + tile_b.outer() * tile_b.ld_half();
+
+  const unsigned tiles_n = static_cast<unsigned>((n + kSmallTile - 1) / kSmallTile);  // (tiles < 2^31: the host)
+  const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x / tiles_n) * kSmallTile;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x % tiles_n) * kSmallTile;
+  const int rows = static_cast<int>(min(static_cast<std::int64_t>(kSmallTile), m - m0));
+  const int cols = static_cast<int>(min(static_cast<std::int64_t>(kSmallTile), n - n0));
+  const int t = threadIdx.x, warp = t / 32, wm = warp / 2, wn = warp % 2;
+  const bool is_a = t < kSmallTile;
+  const int line = is_a ? t : t - kSmallTile;
+  const bool in_matrix = line < (is_a ? rows : cols);
+  for (std::int64_t z = blockIdx.y; z < args.num_batches; z += gridDim.y) {
+    std::int64_t a_off = 0, b_off = 0;
+    if (args.batch.ndim == 1) {  // (the common case, without batch_offsets' 64-bit divisions)
+      a_off = z * args.batch.a_stride[0];
+      b_off = z * args.batch.b_stride[0];
+    } else if (args.batch.ndim > 1) {
+      batch_offsets(args.batch, z, a_off, b_off);
+    }
+    small_gemm_stage(stage_a, tile_a, args.a + a_off, m0, m, k, args.a_rs, args.a_ks);
+    small_gemm_stage(stage_b, tile_b, args.b + b_off, n0, n, k, args.b_cs, args.b_ks);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    const ExponentRange range =
+        is_a ? small_gemm_line_range(stage_a, tile_a, line) : small_gemm_line_range(stage_b, tile_b, line);
+    const int line_shift_fp16 = in_matrix ? line_shift<Method::fp16>(range) : 0;
+    shift[t] = line_shift_fp16;
+    const bool fp16_tile = __syncthreads_and(!in_matrix || fp16_safe(range)) || args.method == Method::fp16;
+
+    if (fp16_tile) {
+      // Shifts within +-kDirectShift unscale each output with one multiplication (unscale_direct).
+      const bool small_shifts = __syncthreads_and(line_shift_fp16 >= -kDirectShift && line_shift_fp16 <= kDirectShift);
+      small_gemm_split<kARowMajor, false>(stage_a, tile_a, shift);
+      small_gemm_split<!kBRowMajor, true>(stage_b, tile_b, shift + kSmallTile);
+      __syncthreads();
+      Acc sum[kFrags][kFrags], corr[kFrags][kFrags], hh[kFrags][kFrags];
+#pragma unroll
+      for (int i = 0; i < kFrags; ++i) {
+#pragma unroll
+        for (int j = 0; j < kFrags; ++j) {
+          wmma::fill_fragment(sum[i][j], 0.0f);
+          wmma::fill_fragment(corr[i][j], 0.0f);
+        }
+      }
+      const int k_steps = k_pad / kFp16KStep;
+      for (int ks = 0; ks < k_steps; ++ks) {
+        const int kk = ks * kFp16KStep;
+        FragA ah[kFrags], al[kFrags];
+#pragma unroll
+        for (int i = 0; i < kFrags; ++i) {
+          const int off = tile_a.offset(wm * kSmallWarpTile + 16 * i, kk, tile_a.ld_half());
+          wmma::load_matrix_sync(ah[i], hi_a + off, tile_a.ld_half());
+          wmma::load_matrix_sync(al[i], lo_a + off, tile_a.ld_half());
+        }
+        const bool first_of_sum = ks % (kFp16HiSumK / kFp16KStep) == 0;
+#pragma unroll
+        for (int j = 0; j < kFrags; ++j) {
+          FragB bh, bl;
+          const int off = tile_b.offset(wn * kSmallWarpTile + 16 * j, kk, tile_b.ld_half());
+          wmma::load_matrix_sync(bh, hi_b + off, tile_b.ld_half());
+          wmma::load_matrix_sync(bl, lo_b + off, tile_b.ld_half());
+#pragma unroll
+          for (int i = 0; i < kFrags; ++i) {
+            if (first_of_sum) wmma::fill_fragment(hh[i][j], 0.0f);
+            wmma::mma_sync(hh[i][j], ah[i], bh, hh[i][j]);
+            wmma::mma_sync(corr[i][j], al[i], bh, corr[i][j]);
+            wmma::mma_sync(corr[i][j], ah[i], bl, corr[i][j]);
+          }
+        }
+        // The hi*hi sum of 32 k (kFp16HiSumK), or of the last 16, goes into the float32 sum.
+        if (!first_of_sum || ks + 1 == k_steps) {
+#pragma unroll
+          for (int i = 0; i < kFrags; ++i) {
+#pragma unroll
+            for (int j = 0; j < kFrags; ++j) {
+#pragma unroll
+              for (int x = 0; x < Acc::num_elements; ++x) sum[i][j].x[x] += hh[i][j].x[x];
+            }
+          }
+        }
+      }
+      __syncthreads();  // every warp is done with the hi and residual tiles, which the output tile overwrites
+#pragma unroll
+      for (int i = 0; i < kFrags; ++i) {
+#pragma unroll
+        for (int j = 0; j < kFrags; ++j) {
+          const int r0 = wm * kSmallWarpTile + 16 * i, c0 = wn * kSmallWarpTile + 16 * j;
+          wmmae::foreach_ij(sum[i][j], [&](auto xs, int r, int cc) {
+            const float v = chunk_result<Method::fp16>(sum[i][j].x[xs.first], corr[i][j].x[xs.first]);
+            const int s = shift[r0 + r] + shift[kSmallTile + c0 + cc];
+            wmmae::assign(sum[i][j], xs, small_shifts ? unscale_direct(v, s) : ldexpf(v, -s));
+          });
+          wmma::store_matrix_sync(out_tile + r0 * kSmallOutLd + c0, sum[i][j], kSmallOutLd, wmma::mem_row_major);
+        }
+      }
+    } else {
+      // auto, a line that is not fp16-safe: float32 FMAs. Thread t: rows 8 (t / 16) + [0, 8) at columns
+      // 4 (t % 16) + [0, 4), k in order.
+      constexpr int kRows = 8, kCols = 4;
+      const int r0 = t / (kSmallTile / kCols) * kRows, c0 = t % (kSmallTile / kCols) * kCols;
+      float part[kRows][kCols] = {};
+      for (int kk = 0; kk < k; ++kk) {
+        float av[kRows], bv[kCols];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) av[i] = stage_a[tile_a.offset(r0 + i, kk, tile_a.ld_f32())];
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) bv[j] = stage_b[tile_b.offset(c0 + j, kk, tile_b.ld_f32())];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+          for (int j = 0; j < kCols; ++j) part[i][j] = __fmaf_rn(av[i], bv[j], part[i][j]);
+        }
+      }
+      __syncthreads();  // every thread is done with the fp32 tiles, which the output tile overwrites
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        *reinterpret_cast<float4*>(out_tile + (r0 + i) * kSmallOutLd + c0) =
+            make_float4(part[i][0], part[i][1], part[i][2], part[i][3]);
+      }
+    }
+    __syncthreads();  // the output tile is complete
+    small_gemm_store(args.c + z * m * n, n, m0, n0, rows, cols, out_tile);
+    __syncthreads();  // the next batch entry rewrites the tiles and the shifts
+  }
+}
+
+}  // namespace wmmae_ops
