@@ -181,17 +181,8 @@ __device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperan
         x = make_float4(x.x * small_gemm_scale(shift[i]), x.y * small_gemm_scale(shift[i + 1]),
                         x.z * small_gemm_scale(shift[i + 2]), x.w * small_gemm_scale(shift[i + 3]));
       }
-      __half2 h01, h23, l01, l23;
-      if constexpr (kCompensate) {
-        wmmae::split_fp16x2_compensated(x.x, x.y, h01, l01);
-        wmmae::split_fp16x2_compensated(x.z, x.w, h23, l23);
-      } else {
-        wmmae::split_fp16x2(x.x, x.y, h01, l01);
-        wmmae::split_fp16x2(x.z, x.w, h23, l23);
-      }
       const int off = o * tile.ld_half() + i;
-      *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
-      *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
+      store_fp16_split4<kCompensate>(x, hi + off, lo + off);
     }
   }
 }

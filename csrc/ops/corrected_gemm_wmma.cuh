@@ -84,19 +84,7 @@ __device__ __forceinline__ void split_stage(const float* stage, typename MethodT
       sc = make_float4(s, s, s, s);
     }
     if constexpr (M == Method::fp16) {
-      v = make_float4(v.x * sc.x, v.y * sc.y, v.z * sc.z, v.w * sc.w);
-      // A non-finite v leaves a NaN in lo, which never reaches a result: its product makes the hi*hi sum
-      // non-finite, and the epilogue then returns that sum alone.
-      __half2 h01, h23, l01, l23;
-      if constexpr (kCompensate) {
-        wmmae::split_fp16x2_compensated(v.x, v.y, h01, l01);
-        wmmae::split_fp16x2_compensated(v.z, v.w, h23, l23);
-      } else {
-        wmmae::split_fp16x2(v.x, v.y, h01, l01);
-        wmmae::split_fp16x2(v.z, v.w, h23, l23);
-      }
-      *reinterpret_cast<uint2*>(hi + off) = pack_halves(h01, h23);
-      *reinterpret_cast<uint2*>(lo + off) = pack_halves(l01, l23);
+      store_fp16_split4<kCompensate>(make_float4(v.x * sc.x, v.y * sc.y, v.z * sc.z, v.w * sc.w), hi + off, lo + off);
     } else {
       const wmmae::Tf32Split t0 = split_tf32_scaled(v.x, sc.x), t1 = split_tf32_scaled(v.y, sc.y);
       const wmmae::Tf32Split t2 = split_tf32_scaled(v.z, sc.z), t3 = split_tf32_scaled(v.w, sc.w);

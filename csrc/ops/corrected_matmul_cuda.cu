@@ -532,6 +532,23 @@ __device__ __forceinline__ bool vec4_operand(const float* p, std::int64_t outer_
 __device__ __forceinline__ std::uint32_t half2_bits(__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); }
 __device__ __forceinline__ uint2 pack_halves(__half2 a, __half2 b) { return make_uint2(half2_bits(a), half2_bits(b)); }
 
+// Splits four scaled values into fp16 hi and residual parts (the residual compensated: split_fp16_compensated) and
+// stores each four as 8 bytes at hi and lo. (A non-finite value leaves a NaN in lo, which never reaches a result:
+// its product makes the hi*hi sum non-finite, and the epilogue then returns that sum alone: chunk_result.)
+template <bool kCompensate>
+__device__ __forceinline__ void store_fp16_split4(float4 v, __half* hi, __half* lo) {
+  __half2 h01, h23, l01, l23;
+  if constexpr (kCompensate) {
+    wmmae::split_fp16x2_compensated(v.x, v.y, h01, l01);
+    wmmae::split_fp16x2_compensated(v.z, v.w, h23, l23);
+  } else {
+    wmmae::split_fp16x2(v.x, v.y, h01, l01);
+    wmmae::split_fp16x2(v.z, v.w, h23, l23);
+  }
+  *reinterpret_cast<uint2*>(hi) = pack_halves(h01, h23);
+  *reinterpret_cast<uint2*>(lo) = pack_halves(l01, l23);
+}
+
 }  // namespace
 }  // namespace wmmae_ops
 
