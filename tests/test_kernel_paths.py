@@ -1222,6 +1222,9 @@ SMALL_GEMM_CASES = {
     "k128_broadcast_b_offset": (((4, 64, 128), 131, 2, False), ((128, 50), 50, 0, False), True),
     "k16_a_col_b_row_offset": (((2, 64, 16), 64, 0, True), ((2, 16, 64), 70, 5, False), True),
     "k100_vector_rows": (((6, 1, 100), 100, 0, False), ((6, 100, 64), 64, 0, False), True),
+    # 16-byte copies whose last chunk is part outside the matrix (K = 46 along A's rows, 62 of B's columns)
+    "k46_partial_chunks": (((3, 30, 46), 48, 0, False), ((3, 46, 62), 64, 0, False), True),
+    "k46_partial_chunks_both_col": (((3, 30, 46), 32, 0, True), ((3, 46, 62), 48, 0, True), True),
     "k96_tiles_of_130x200": (((2, 130, 96), 96, 0, False), ((2, 96, 200), 96, 0, True), False),
 }
 
