@@ -234,13 +234,8 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
   const int line = is_a ? t : t - kSmallTile;
   const bool in_matrix = line < (is_a ? rows : cols);
   for (std::int64_t z = blockIdx.y; z < args.num_batches; z += gridDim.y) {
-    std::int64_t a_off = 0, b_off = 0;
-    if (args.batch.ndim == 1) {  // (the common case, without batch_offsets' 64-bit divisions)
-      a_off = z * args.batch.a_stride[0];
-      b_off = z * args.batch.b_stride[0];
-    } else if (args.batch.ndim > 1) {
-      batch_offsets(args.batch, z, a_off, b_off);
-    }
+    std::int64_t a_off, b_off;
+    batch_offsets(args.batch, z, a_off, b_off);
     small_gemm_stage(stage_a, tile_a, args.a + a_off, m0, m, k, args.a_rs, args.a_ks);
     small_gemm_stage(stage_b, tile_b, args.b + b_off, n0, n, k, args.b_cs, args.b_ks);
     cp_async_commit();

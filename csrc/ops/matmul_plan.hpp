@@ -34,15 +34,21 @@ struct MatmulPlan {
   BatchStrides batch_strides;  // coalesced; batch == product of sizes
 };
 
+// (z < batch: what is left of z at the outermost dimension is its index there, so that dimension, the only one of
+// the common one-dimensional batch, costs no 64-bit division.)
 WMMAE_HD inline void batch_offsets(const BatchStrides& bs, std::int64_t z, std::int64_t& a_offset,
                                    std::int64_t& b_offset) {
   a_offset = 0;
   b_offset = 0;
-  for (int d = bs.ndim - 1; d >= 0; --d) {
+  for (int d = bs.ndim - 1; d > 0; --d) {
     const std::int64_t idx = z % bs.size[d];
     z /= bs.size[d];
     a_offset += idx * bs.a_stride[d];
     b_offset += idx * bs.b_stride[d];
+  }
+  if (bs.ndim > 0) {
+    a_offset += z * bs.a_stride[0];
+    b_offset += z * bs.b_stride[0];
   }
 }
 
