@@ -1267,15 +1267,11 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
         if a.shape[-2] <= 7 or b.shape[-1] <= 9:
             pytest.skip("_make_wide's Inf and NaN lie outside these shapes")
         _make_wide(gen, a, b)
-    switches = ("default", "1", "0")
-    outs, kernels = {}, {}
-    for switch in switches:
-        if switch == "default":
-            monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
-        else:
-            monkeypatch.setenv(SMALL_GEMM_SWITCH, switch)
-        with poisoned_cuda_pool(float("nan")), deterministic():
-            kernels[switch] = _launched_kernels(lambda: outs.setdefault(switch, torch_wmmae.corrected_matmul(a, b, method=method)))
+    def call():
+        with poisoned_cuda_pool(float("nan")):
+            return torch_wmmae.corrected_matmul(a, b, method=method)
+
+    outs, kernels = _calls_by_switch(monkeypatch, SMALL_GEMM_SWITCH, ("default", "1", "0"), call)
     if profiler_records_kernels():
         for switch, small in (("default", by_default), ("1", True), ("0", False)):
             ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
