@@ -1214,10 +1214,16 @@ def _tile_gemms_unless_asked(monkeypatch):
 
 
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
-# takes the small GEMM (else only TORCH_WMMAE_SMALL_GEMM=1 does: outputs of several 64 x 64 tiles).
+# takes the small GEMM (else only TORCH_WMMAE_SMALL_GEMM=1 does: outputs of several 64 x 64 tiles). Its tiles are
+# 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns.
 SMALL_GEMM_CASES = {
     "k64_one_tile": (((3, 64, 64), 64, 0, False), ((3, 64, 64), 64, 0, False), True),
     "k1": (((2, 9, 1), 1, 0, False), ((2, 1, 12), 12, 0, False), True),
+    "k16_tile16": (((5, 16, 16), 16, 0, False), ((5, 16, 16), 16, 0, False), True),
+    "k128_tile16_b_col": (((3, 7, 128), 128, 0, False), ((3, 128, 11), 128, 0, True), True),
+    "k20_tile16_a_col_b_offset": (((4, 13, 20), 16, 0, True), ((4, 20, 16), 20, 3, False), True),
+    "k32_tile32_both_col": (((4, 32, 32), 32, 0, True), ((4, 32, 32), 32, 0, True), True),
+    "k128_tile32_a_col": (((3, 24, 128), 28, 0, True), ((3, 128, 32), 32, 0, False), True),
     "k33_odd_both_col_offsets": (((5, 17, 33), 20, 1, True), ((5, 33, 15), 35, 3, True), True),
     "k128_broadcast_b_offset": (((4, 64, 128), 131, 2, False), ((128, 50), 50, 0, False), True),
     "k16_a_col_b_row_offset": (((2, 64, 16), 64, 0, True), ((2, 16, 64), 70, 5, False), True),
@@ -1227,6 +1233,11 @@ SMALL_GEMM_CASES = {
     "k46_partial_chunks_both_col": (((3, 30, 46), 32, 0, True), ((3, 46, 62), 48, 0, True), True),
     "k96_tiles_of_130x200": (((2, 130, 96), 96, 0, False), ((2, 96, 200), 96, 0, True), False),
 }
+
+
+def _small_gemm_tile(m: int, n: int) -> int:
+    """The small GEMM's tile for an m x n output: the smallest of 16, 32 and 64 that holds it (64 beyond)."""
+    return next((tile for tile in (16, 32) if max(m, n) <= tile), 64)
 
 
 def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -1256,7 +1267,8 @@ def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("case", list(SMALL_GEMM_CASES))
 def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
-    tile (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), over any strides, offsets and broadcasts; it writes
+    tile (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its tiles that holds the output
+    (16, 32 or 64), over any strides, offsets and broadcasts; it writes
     every output (a NaN-poisoned pool) and is correct: within the dot-product bound, and on "wide" inputs
     (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and float64's NaN and Inf. Its fp16 method
     gives the tile GEMMs' bits (the same scaling, split and order of tensor-core sums)."""
@@ -1277,6 +1289,8 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
             ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
             if small:  # one kernel: no pre-pass, workspace zeroing or exit kernels
                 assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], (switch, ran)
+                tile = _small_gemm_tile(a.shape[-2], b.shape[-1])
+                assert f"{SMALL_GEMM_KERNEL}<{tile}," in ran[0], (switch, tile, ran)
             else:
                 assert not any(SMALL_GEMM_KERNEL in name for name in ran), (switch, ran)
     for switch in ("default", "1"):
@@ -1292,17 +1306,18 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
 @pytest.mark.gpu
 @pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
-def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, monkeypatch, a_col, b_col):
+@pytest.mark.parametrize("m,n,k", [(40, 56, 120), (24, 30, 97), (12, 16, 64)], ids=["tile64", "tile32", "tile16"])
+def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, monkeypatch, a_col, b_col, m, n, k):
     """auto in the small GEMM: a tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf;
     a row with a NaN) is computed with one float32 fused multiply-add per product in k order (those bits, exactly:
     _fma_sequence_reference), the other tiles of the call with the fp16 method's bits."""
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
-    batch, m, n, k = 6, 40, 56, 120
+    batch = 6
     a = random_tensor_in_layout((batch, m, k), a_col, gen, "cuda")
     b = random_tensor_in_layout((batch, k, n), b_col, gen, "cuda")
     a[1, 7, 1], a[1, 7, 2] = 2.0**30, 2.0**-30  # entry 1: a row spanning 2^60
     b[3, 5, 9] = float("inf")                   # entry 3: an Inf
-    a[4, 39, 119] = float("nan")                # entry 4: a NaN
+    a[4, m - 1, k - 1] = float("nan")           # entry 4: a NaN
     with deterministic():
         auto = torch_wmmae.corrected_matmul(a, b, method="auto")
         fp16 = torch_wmmae.corrected_matmul(a, b, method="fp16")

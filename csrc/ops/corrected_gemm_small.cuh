@@ -1,9 +1,9 @@
-// The GEMM of small products (small_gemm_applies in corrected_matmul_cuda.cu): 64x64 output tiles of a K that
-// fits in shared memory whole (K <= kSmallMaxK), one block of four warps per tile and batch entry, several blocks
-// per SM. The 128x128 tiles of the other GEMMs waste three quarters of their work on a 64x64 output and wait, one
-// tile after the other, on each tile's fixed latencies (line ranges, first stage, flush: benchmarks/NOTES.md,
-// sessions 81 and 82); here the blocks of other tiles hide them, and a call is one kernel (no pre-pass, no
-// workspace, no exit kernels).
+// The GEMM of small products (small_gemm_applies in corrected_matmul_cuda.cu): square output tiles of 64, 32 or 16
+// (the smallest that holds a batch entry's output: small_gemm_tile) of a K that fits in shared memory whole
+// (K <= kSmallMaxK), one block of 2 x tile threads per tile and batch entry, many blocks per SM. The 128x128 tiles
+// of the other GEMMs waste three quarters of their work on a 64x64 output and wait, one tile after the other, on
+// each tile's fixed latencies (line ranges, first stage, flush: benchmarks/NOTES.md, sessions 81 and 82); here the
+// blocks of other tiles hide them, and a call is one kernel (no pre-pass, no workspace, no exit kernels).
 // A block: copies its rows of A and columns of B into shared memory (cp.async, any strides), folds each line's
 // exponent range there (thread t: line t, rows of A then columns of B), and then
 // - fp16, and auto where every line of the tile is fp16-safe: the fp16 method's arithmetic of the wgmma kernel
@@ -13,34 +13,45 @@
 // - auto where a line is not fp16-safe (a wide range of magnitudes, an Inf or a NaN): one float32 fused
 //   multiply-add per product in k order, as torch.matmul computes it: float32's accuracy over float32's whole
 //   range, and Inf and NaN as float32 gives them.
+// Every output is a sum over k alone, in the same order whatever the tile: the tile sizes give the same bits.
 // Included by corrected_matmul_cuda.cu after GemmArgs and the helpers it shares with the other GEMMs.
 #pragma once
 
 namespace wmmae_ops {
 
-constexpr int kSmallTile = 64;
-constexpr int kSmallThreads = 2 * kSmallTile;  // thread t folds line t: rows of A (t < 64), then columns of B
-constexpr int kSmallMaxK = 128;                // K in shared memory whole: 70 KB of it per block at this K
-constexpr int kSmallWarpTile = 32;             // each of the four warps computes 32 x 32 outputs
-static_assert(kSmallThreads / 32 == (kSmallTile / kSmallWarpTile) * (kSmallTile / kSmallWarpTile), "warp grid");
-constexpr int kSmallOutLd = kSmallTile + 4;    // the output tile's rows in shared memory, before they are stored
-// Blocks per SM that the registers must allow (at most 168 per thread): shared memory allows three at K = 128.
-constexpr int kSmallBlocksPerSm = 3;
-// Four-element chunks a thread splits of one operand at the largest K (see small_gemm_split).
-constexpr int kSmallMaxChunks = kSmallTile * kSmallMaxK / 4 / kSmallThreads;
-static_assert(kSmallMaxK % 16 == 0 && kSmallThreads == 128, "small_gemm_split's chunks of each thread");
+constexpr int kSmallMaxTile = 64;
+constexpr int kSmallMaxK = 128;  // K in shared memory whole: 70 KB of it per block at this K and tile 64
+
+// A block's shape for square output tiles of kTile: thread t folds line t (rows of A, then columns of B), the warps
+// in a grid of at most two rows, each warp computing kWarpRows x kWarpCols outputs.
+template <int kTile>
+struct SmallShape {
+  static_assert(kTile == 16 || kTile == 32 || kTile == 64, "small GEMM tiles: 16, 32 or 64");
+  static constexpr int kThreads = 2 * kTile;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kWarpsM = kWarps >= 2 ? 2 : 1, kWarpsN = kWarps / kWarpsM;
+  static constexpr int kWarpRows = kTile / kWarpsM, kWarpCols = kTile / kWarpsN;
+  static constexpr int kFragsM = kWarpRows / 16, kFragsN = kWarpCols / 16;
+  static constexpr int kOutLd = kTile + 4;  // the output tile's rows in shared memory, before they are stored
+  // Blocks per SM that the registers must allow: at K = 128 shared memory allows 3 of tile 64, 6 of tile 32.
+  static constexpr int kBlocksPerSm = kTile == 64 ? 3 : kTile == 32 ? 8 : 16;
+  // Four-element chunks of one operand that a thread copies and splits at the largest K (SmallChunks): the same
+  // for every tile, since the threads grow with the lines.
+  static constexpr int kMaxChunks = kTile * kSmallMaxK / 4 / kThreads;
+  static_assert(kSmallMaxK % 16 == 0 && kMaxChunks == kSmallMaxK / 8, "SmallChunks' chunks of each thread");
+};
 
 // One operand's tile in shared memory, in its orientation in global memory: `kKInner` when K is its contiguous
 // dimension (A row-major, B column-major), so that lines (rows of A, columns of B) are its outer dimension;
 // otherwise K is the outer one. First the fp32 elements, padded by 16 bytes per line (bank conflicts, 16-byte
 // chunks); the split then writes the hi and residual tiles over them (fp16, 16 bytes of padding per line;
 // 32-byte aligned fragments), hi first.
-template <bool kKInner>
+template <int kTile, bool kKInner>
 struct SmallOperandTile {
   int k_pad;  // K rounded up to whole k-steps
   __device__ explicit SmallOperandTile(int k_pad_) : k_pad(k_pad_) {}
-  __host__ __device__ static constexpr int outer(int k_pad) { return kKInner ? kSmallTile : k_pad; }
-  __host__ __device__ static constexpr int inner(int k_pad) { return kKInner ? k_pad : kSmallTile; }
+  __host__ __device__ static constexpr int outer(int k_pad) { return kKInner ? kTile : k_pad; }
+  __host__ __device__ static constexpr int inner(int k_pad) { return kKInner ? k_pad : kTile; }
   __device__ int outer() const { return outer(k_pad); }
   __device__ int inner() const { return inner(k_pad); }
   __device__ int ld_f32() const { return inner() + 4; }
@@ -59,47 +70,51 @@ __host__ __device__ inline int small_gemm_k_pad(std::int64_t k) {
 
 // Dynamic shared memory of a block: A's and B's tiles, which the output tile reuses at the end, then the line
 // shifts.
-template <bool kARowMajor, bool kBRowMajor>
+template <int kTile, bool kARowMajor, bool kBRowMajor>
 __host__ __device__ inline std::size_t small_gemm_smem_bytes(std::int64_t k) {
   const int k_pad = small_gemm_k_pad(k);
-  const std::size_t tiles = SmallOperandTile<kARowMajor>::bytes(k_pad) + SmallOperandTile<!kBRowMajor>::bytes(k_pad);
-  const std::size_t out = sizeof(float) * kSmallTile * kSmallOutLd;
-  return (tiles > out ? tiles : out) + sizeof(int) * kSmallThreads;
+  const std::size_t tiles =
+      SmallOperandTile<kTile, kARowMajor>::bytes(k_pad) + SmallOperandTile<kTile, !kBRowMajor>::bytes(k_pad);
+  const std::size_t out = sizeof(float) * kTile * SmallShape<kTile>::kOutLd;
+  return (tiles > out ? tiles : out) + sizeof(int) * SmallShape<kTile>::kThreads;
 }
 
 // Thread t's four-element chunks of a tile, q = 0, 1, ... (the same for the copies and the split): with K inner, of
-// line t / 2 at chunk t % 2 + 2 q (two threads per line); else of k-row t / 16 + 8 q at lines 4 (t % 16) + [0, 4).
-// Affine in q, so that no offsets are kept across the batch loop. A warp's 16-byte copies cover whole 32-byte
-// sectors of 16 lines (K inner) or two k-rows of 256 bytes.
-template <bool kKInner>
+// line t / 2 at chunk t % 2 + 2 q (two threads per line); else of k-row t / (kTile / 4) + 8 q at lines
+// 4 (t % (kTile / 4)) + [0, 4) (kTile / 4 threads per k-row, 8 k-rows per step). Affine in q, so that no offsets are
+// kept across the batch loop. A warp's 16-byte copies cover whole 32-byte sectors of 16 lines (K inner) or whole
+// k-rows of the tile.
+template <int kTile, bool kKInner>
 struct SmallChunks {
+  static constexpr int kRowThreads = kTile / 4;  // (K outer) threads per k-row
+  static constexpr int kOuterStep = kKInner ? 0 : SmallShape<kTile>::kThreads / kRowThreads, kInnerStep = kKInner ? 8 : 0;
+  static_assert(kKInner || kOuterStep == 8, "eight k-rows per step, as eight k per step with K inner");
   int outer0, inner0, count;  // chunk q: outer index outer0 + q * kOuterStep, inner index inner0 + q * kInnerStep
-  static constexpr int kOuterStep = kKInner ? 0 : kSmallThreads / 16, kInnerStep = kKInner ? 8 : 0;
-  __device__ explicit SmallChunks(const SmallOperandTile<kKInner>& tile)
-      : outer0(kKInner ? threadIdx.x / 2 : threadIdx.x / 16), inner0(kKInner ? (threadIdx.x % 2) * 4 : (threadIdx.x % 16) * 4),
+  __device__ explicit SmallChunks(const SmallOperandTile<kTile, kKInner>& tile)
+      : outer0(kKInner ? threadIdx.x / 2 : threadIdx.x / kRowThreads),
+        inner0(kKInner ? (threadIdx.x % 2) * 4 : (threadIdx.x % kRowThreads) * 4),
         count(kKInner ? tile.inner() / 8 : tile.outer() / kOuterStep) {}
   __device__ int outer(int q) const { return outer0 + q * kOuterStep; }
   __device__ int inner(int q) const { return inner0 + q * kInnerStep; }
 };
-static_assert(kSmallThreads == 128 && kSmallTile == 64, "SmallChunks' thread mapping");
 
-// Issues the cp.async copies of the tile's lines [line0, line0 + 64) (of `line_extent` in the matrix) and K
+// Issues the cp.async copies of the tile's lines [line0, line0 + kTile) (of `line_extent` in the matrix) and K
 // elements into its fp32 elements, zero-filling the rest: 16-byte copies (SmallChunks) where the contiguous
 // dimension allows them (stride 1, 16-byte aligned lines), else 4-byte ones, consecutive lanes at consecutive
 // addresses where a dimension is contiguous.
-template <bool kKInner>
-__device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperandTile<kKInner>& tile, const float* base,
+template <int kTile, bool kKInner>
+__device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperandTile<kTile, kKInner>& tile, const float* base,
                                                  std::int64_t line0, std::int64_t line_extent, std::int64_t k,
                                                  std::int64_t line_stride, std::int64_t k_stride) {
   const int ld = tile.ld_f32();
   const std::int64_t outer_stride = kKInner ? line_stride : k_stride, inner_stride = kKInner ? k_stride : line_stride;
-  const int lines = static_cast<int>(min(static_cast<std::int64_t>(kSmallTile), line_extent - line0));
+  const int lines = static_cast<int>(min(static_cast<std::int64_t>(kTile), line_extent - line0));
   const int kk_end = static_cast<int>(k);  // (k <= kSmallMaxK)
   const int outer_end = kKInner ? lines : kk_end, inner_end = kKInner ? kk_end : lines;
   const float* origin = base + line0 * line_stride;  // element (line0, 0)
   const bool vec4 = inner_stride == 1 && outer_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 16 == 0;
   if (vec4) {
-    const SmallChunks<kKInner> chunks(tile);
+    const SmallChunks<kTile, kKInner> chunks(tile);
     const float* src = origin + chunks.outer0 * outer_stride + chunks.inner0;
     float* dst = stage + chunks.outer0 * ld + chunks.inner0;
     const bool outer_in = chunks.outer0 < outer_end;  // (K inner: the thread's one line)
@@ -107,15 +122,14 @@ __device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperan
     for (int q = 0; q < chunks.count; ++q) {
       const int o = chunks.outer(q), left = inner_end - chunks.inner(q);
       const int bytes = (kKInner ? outer_in : o < outer_end) && left > 0 ? (left >= 4 ? 16 : 4 * left) : 0;
-      cp_async16_bytes(dst + q * (SmallChunks<kKInner>::kOuterStep * ld + SmallChunks<kKInner>::kInnerStep),
-                       bytes > 0 ? src + q * (SmallChunks<kKInner>::kOuterStep * outer_stride + SmallChunks<kKInner>::kInnerStep)
-                                 : base,
-                       bytes);
+      using Chunks = SmallChunks<kTile, kKInner>;
+      cp_async16_bytes(dst + q * (Chunks::kOuterStep * ld + Chunks::kInnerStep),
+                       bytes > 0 ? src + q * (Chunks::kOuterStep * outer_stride + Chunks::kInnerStep) : base, bytes);
     }
     return;
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int o = warp; o < tile.outer(); o += kSmallThreads / 32) {
+  for (int o = warp; o < tile.outer(); o += SmallShape<kTile>::kWarps) {
     const float* src = origin + o * outer_stride;
     for (int i = lane; i < tile.inner(); i += 32) {
       const bool valid = o < outer_end && i < inner_end;
@@ -126,9 +140,9 @@ __device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperan
 
 // The exponent range of line `line` of a tile's fp32 elements (zeros, the padding among them, count for nothing):
 // MagnitudeKeys (two integer operations per element), folded again exactly where they saw an Inf or a NaN.
-template <bool kKInner>
-__device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stage, const SmallOperandTile<kKInner>& tile,
-                                                                int line) {
+template <int kTile, bool kKInner>
+__device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stage,
+                                                                const SmallOperandTile<kTile, kKInner>& tile, int line) {
   const int ld = tile.ld_f32();
   const int step = kKInner ? 1 : ld;  // along the line (16-byte reads: lanes 8 lines apart share no bank) or across
   const float* p = stage + (kKInner ? line * ld : line);
@@ -157,12 +171,14 @@ __device__ __forceinline__ float small_gemm_scale(int shift) { return __int_as_f
 // Scales the tile's fp32 lines by their powers of two and splits them into hi and residual tiles in place (the
 // residual compensated for B: wmmae::split_fp16_compensated): each thread reads its four-element chunks into
 // registers (SmallChunks), and after a block barrier writes their splits over them. Block-wide barriers.
-template <bool kKInner, bool kCompensate>
-__device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperandTile<kKInner>& tile, const int* shift) {
-  const SmallChunks<kKInner> chunks(tile);
-  float4 v[kSmallMaxChunks];
+template <bool kCompensate, int kTile, bool kKInner>
+__device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperandTile<kTile, kKInner>& tile,
+                                                 const int* shift) {
+  constexpr int kMaxChunks = SmallShape<kTile>::kMaxChunks;
+  const SmallChunks<kTile, kKInner> chunks(tile);
+  float4 v[kMaxChunks];
 #pragma unroll
-  for (int q = 0; q < kSmallMaxChunks; ++q) {  // (every q reads, chunk 0 past the thread's last: v stays in registers)
+  for (int q = 0; q < kMaxChunks; ++q) {  // (every q reads, chunk 0 past the thread's last: v stays in registers)
     const int r = q < chunks.count ? q : 0;
     v[q] = *reinterpret_cast<const float4*>(stage + chunks.outer(r) * tile.ld_f32() + chunks.inner(r));
   }
@@ -170,7 +186,7 @@ __device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperan
   __half* hi = reinterpret_cast<__half*>(stage);
   __half* lo = hi + tile.outer() * tile.ld_half();
 #pragma unroll
-  for (int q = 0; q < kSmallMaxChunks; ++q) {
+  for (int q = 0; q < kMaxChunks; ++q) {
     if (q < chunks.count) {
       const int o = chunks.outer(q), i = chunks.inner(q);
       float4 x = v[q];
@@ -187,28 +203,30 @@ __device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperan
   }
 }
 
-// Stores the output tile (rows x cols of it, kSmallOutLd floats per row in shared memory) into row-major c at
-// (m0, n0): a warp per row, consecutive lanes at consecutive columns.
+// Stores the output tile (rows x cols of it, kOutLd floats per row in shared memory) into row-major c at (m0, n0): a
+// warp per row, consecutive lanes at consecutive columns.
+template <int kTile>
 __device__ __forceinline__ void small_gemm_store(float* c, std::int64_t n, std::int64_t m0, std::int64_t n0, int rows,
                                                  int cols, const float* tile) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int r = warp; r < rows; r += kSmallThreads / 32) {
+  for (int r = warp; r < rows; r += SmallShape<kTile>::kWarps) {
     float* row = c + (m0 + r) * n + n0;
-    for (int cc = lane; cc < cols; cc += 32) row[cc] = tile[r * kSmallOutLd + cc];
+    for (int cc = lane; cc < cols; cc += 32) row[cc] = tile[r * SmallShape<kTile>::kOutLd + cc];
   }
 }
 
-template <bool kARowMajor, bool kBRowMajor>
-__global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_gemm_small_kernel(GemmArgs args) {
+template <int kTile, bool kARowMajor, bool kBRowMajor>
+__global__ void __launch_bounds__(SmallShape<kTile>::kThreads, SmallShape<kTile>::kBlocksPerSm)
+    corrected_gemm_small_kernel(GemmArgs args) {
   namespace wmma = nvcuda::wmma;
-  using TileA = SmallOperandTile<kARowMajor>;    // A row-major: K inner
-  using TileB = SmallOperandTile<!kBRowMajor>;   // B column-major: K inner
+  using Shape = SmallShape<kTile>;
+  using TileA = SmallOperandTile<kTile, kARowMajor>;    // A row-major: K inner
+  using TileB = SmallOperandTile<kTile, !kBRowMajor>;   // B column-major: K inner
   using LayoutA = typename std::conditional<kARowMajor, wmma::row_major, wmma::col_major>::type;
   using LayoutB = typename std::conditional<kBRowMajor, wmma::row_major, wmma::col_major>::type;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, kFp16KStep, __half, LayoutA>;
   using FragB = wmma::fragment<wmma::matrix_b, 16, 16, kFp16KStep, __half, LayoutB>;
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, kFp16KStep, float>;
-  constexpr int kFrags = kSmallWarpTile / 16;
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   const int k_pad = small_gemm_k_pad(k);
@@ -217,21 +235,21 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
   extern __shared__ __align__(128) unsigned char smem_raw[];
   float* stage_a = reinterpret_cast<float*>(smem_raw);
   float* stage_b = reinterpret_cast<float*>(smem_raw + TileA::bytes(k_pad));
-  float* out_tile = stage_a;  // after the products: the output tile, kSmallOutLd floats per row
-  int* shift = reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kARowMajor, kBRowMajor>(k)) - kSmallThreads;
+  float* out_tile = stage_a;  // after the products: the output tile, Shape::kOutLd floats per row
+  int* shift = reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) - Shape::kThreads;
   const __half* hi_a = reinterpret_cast<const __half*>(stage_a);
   const __half* lo_a = hi_a + tile_a.outer() * tile_a.ld_half();
   const __half* hi_b = reinterpret_cast<const __half*>(stage_b);
   const __half* lo_b = hi_b + tile_b.outer() * tile_b.ld_half();
 
-  const unsigned tiles_n = static_cast<unsigned>((n + kSmallTile - 1) / kSmallTile);  // (tiles < 2^31: the host)
-  const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x / tiles_n) * kSmallTile;
-  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x % tiles_n) * kSmallTile;
-  const int rows = static_cast<int>(min(static_cast<std::int64_t>(kSmallTile), m - m0));
-  const int cols = static_cast<int>(min(static_cast<std::int64_t>(kSmallTile), n - n0));
-  const int t = threadIdx.x, warp = t / 32, wm = warp / 2, wn = warp % 2;
-  const bool is_a = t < kSmallTile;
-  const int line = is_a ? t : t - kSmallTile;
+  const unsigned tiles_n = static_cast<unsigned>((n + kTile - 1) / kTile);  // (tiles < 2^31: the host)
+  const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x / tiles_n) * kTile;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x % tiles_n) * kTile;
+  const int rows = static_cast<int>(min(static_cast<std::int64_t>(kTile), m - m0));
+  const int cols = static_cast<int>(min(static_cast<std::int64_t>(kTile), n - n0));
+  const int t = threadIdx.x, warp = t / 32, wm = warp / Shape::kWarpsN, wn = warp % Shape::kWarpsN;
+  const bool is_a = t < kTile;
+  const int line = is_a ? t : t - kTile;
   const bool in_matrix = line < (is_a ? rows : cols);
   for (std::int64_t z = blockIdx.y; z < args.num_batches; z += gridDim.y) {
     std::int64_t a_off, b_off;
@@ -251,14 +269,14 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
     if (fp16_tile) {
       // Shifts within +-kDirectShift unscale each output with one multiplication (unscale_direct).
       const bool small_shifts = __syncthreads_and(line_shift_fp16 >= -kDirectShift && line_shift_fp16 <= kDirectShift);
-      small_gemm_split<kARowMajor, false>(stage_a, tile_a, shift);
-      small_gemm_split<!kBRowMajor, true>(stage_b, tile_b, shift + kSmallTile);
+      small_gemm_split<false>(stage_a, tile_a, shift);
+      small_gemm_split<true>(stage_b, tile_b, shift + kTile);
       __syncthreads();
-      Acc sum[kFrags][kFrags], corr[kFrags][kFrags], hh[kFrags][kFrags];
+      Acc sum[Shape::kFragsM][Shape::kFragsN], corr[Shape::kFragsM][Shape::kFragsN], hh[Shape::kFragsM][Shape::kFragsN];
 #pragma unroll
-      for (int i = 0; i < kFrags; ++i) {
+      for (int i = 0; i < Shape::kFragsM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kFrags; ++j) {
+        for (int j = 0; j < Shape::kFragsN; ++j) {
           wmma::fill_fragment(sum[i][j], 0.0f);
           wmma::fill_fragment(corr[i][j], 0.0f);
         }
@@ -266,22 +284,22 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
       const int k_steps = k_pad / kFp16KStep;
       for (int ks = 0; ks < k_steps; ++ks) {
         const int kk = ks * kFp16KStep;
-        FragA ah[kFrags], al[kFrags];
+        FragA ah[Shape::kFragsM], al[Shape::kFragsM];
 #pragma unroll
-        for (int i = 0; i < kFrags; ++i) {
-          const int off = tile_a.offset(wm * kSmallWarpTile + 16 * i, kk, tile_a.ld_half());
+        for (int i = 0; i < Shape::kFragsM; ++i) {
+          const int off = tile_a.offset(wm * Shape::kWarpRows + 16 * i, kk, tile_a.ld_half());
           wmma::load_matrix_sync(ah[i], hi_a + off, tile_a.ld_half());
           wmma::load_matrix_sync(al[i], lo_a + off, tile_a.ld_half());
         }
         const bool first_of_sum = ks % (kFp16HiSumK / kFp16KStep) == 0;
 #pragma unroll
-        for (int j = 0; j < kFrags; ++j) {
+        for (int j = 0; j < Shape::kFragsN; ++j) {
           FragB bh, bl;
-          const int off = tile_b.offset(wn * kSmallWarpTile + 16 * j, kk, tile_b.ld_half());
+          const int off = tile_b.offset(wn * Shape::kWarpCols + 16 * j, kk, tile_b.ld_half());
           wmma::load_matrix_sync(bh, hi_b + off, tile_b.ld_half());
           wmma::load_matrix_sync(bl, lo_b + off, tile_b.ld_half());
 #pragma unroll
-          for (int i = 0; i < kFrags; ++i) {
+          for (int i = 0; i < Shape::kFragsM; ++i) {
             if (first_of_sum) wmma::fill_fragment(hh[i][j], 0.0f);
             wmma::mma_sync(hh[i][j], ah[i], bh, hh[i][j]);
             wmma::mma_sync(corr[i][j], al[i], bh, corr[i][j]);
@@ -291,9 +309,9 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
         // The hi*hi sum of 32 k (kFp16HiSumK), or of the last 16, goes into the float32 sum.
         if (!first_of_sum || ks + 1 == k_steps) {
 #pragma unroll
-          for (int i = 0; i < kFrags; ++i) {
+          for (int i = 0; i < Shape::kFragsM; ++i) {
 #pragma unroll
-            for (int j = 0; j < kFrags; ++j) {
+            for (int j = 0; j < Shape::kFragsN; ++j) {
 #pragma unroll
               for (int x = 0; x < Acc::num_elements; ++x) sum[i][j].x[x] += hh[i][j].x[x];
             }
@@ -302,23 +320,23 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
       }
       __syncthreads();  // every warp is done with the hi and residual tiles, which the output tile overwrites
 #pragma unroll
-      for (int i = 0; i < kFrags; ++i) {
+      for (int i = 0; i < Shape::kFragsM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kFrags; ++j) {
-          const int r0 = wm * kSmallWarpTile + 16 * i, c0 = wn * kSmallWarpTile + 16 * j;
+        for (int j = 0; j < Shape::kFragsN; ++j) {
+          const int r0 = wm * Shape::kWarpRows + 16 * i, c0 = wn * Shape::kWarpCols + 16 * j;
           wmmae::foreach_ij(sum[i][j], [&](auto xs, int r, int cc) {
             const float v = chunk_result<Method::fp16>(sum[i][j].x[xs.first], corr[i][j].x[xs.first]);
-            const int s = shift[r0 + r] + shift[kSmallTile + c0 + cc];
+            const int s = shift[r0 + r] + shift[kTile + c0 + cc];
             wmmae::assign(sum[i][j], xs, small_shifts ? unscale_direct(v, s) : ldexpf(v, -s));
           });
-          wmma::store_matrix_sync(out_tile + r0 * kSmallOutLd + c0, sum[i][j], kSmallOutLd, wmma::mem_row_major);
+          wmma::store_matrix_sync(out_tile + r0 * Shape::kOutLd + c0, sum[i][j], Shape::kOutLd, wmma::mem_row_major);
         }
       }
     } else {
-      // auto, a line that is not fp16-safe: float32 FMAs. Thread t: rows 8 (t / 16) + [0, 8) at columns
-      // 4 (t % 16) + [0, 4), k in order.
-      constexpr int kRows = 8, kCols = 4;
-      const int r0 = t / (kSmallTile / kCols) * kRows, c0 = t % (kSmallTile / kCols) * kCols;
+      // auto, a line that is not fp16-safe: float32 FMAs. Thread t: rows kRows (t / (kTile / 4)) + [0, kRows) at
+      // columns 4 (t % (kTile / 4)) + [0, 4), k in order.
+      constexpr int kCols = 4, kRows = kTile * kTile / (Shape::kThreads * kCols);
+      const int r0 = t / (kTile / kCols) * kRows, c0 = t % (kTile / kCols) * kCols;
       float part[kRows][kCols] = {};
       for (int kk = 0; kk < k; ++kk) {
         float av[kRows], bv[kCols];
@@ -335,12 +353,12 @@ __global__ void __launch_bounds__(kSmallThreads, kSmallBlocksPerSm) corrected_ge
       __syncthreads();  // every thread is done with the fp32 tiles, which the output tile overwrites
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
-        *reinterpret_cast<float4*>(out_tile + (r0 + i) * kSmallOutLd + c0) =
+        *reinterpret_cast<float4*>(out_tile + (r0 + i) * Shape::kOutLd + c0) =
             make_float4(part[i][0], part[i][1], part[i][2], part[i][3]);
       }
     }
     __syncthreads();  // the output tile is complete
-    small_gemm_store(args.c + z * m * n, n, m0, n0, rows, cols, out_tile);
+    small_gemm_store<kTile>(args.c + z * m * n, n, m0, n0, rows, cols, out_tile);
     __syncthreads();  // the next batch entry rewrites the tiles and the shifts
   }
 }

@@ -1,8 +1,8 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
 // 0. Small products (fp16 and auto, each batch entry's output at most 64x64, K <= 128: small_gemm_applies) are one
-//    kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what follows for its 64x64 tiles itself
-//    (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
+//    kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what follows for its tiles (64x64, 32x32
+//    or 16x16) itself (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
@@ -911,25 +911,41 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // and N). Read on every call: tests compare it with the tile GEMMs.
 bool small_gemm_applies(const GemmArgs& args) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
-  return env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallTile && args.n <= kSmallTile);
+  return env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile);
 }
 
-template <bool kARowMajor, bool kBRowMajor>
+// The small GEMM's tile: the smallest of 16, 32 and 64 that holds a batch entry's output (64 for larger ones), so
+// that a block's copies, folds and products are of that output's lines and not of a 64x64 tile's.
+int small_gemm_tile(const GemmArgs& args) {
+  const std::int64_t extent = std::max(args.m, args.n);
+  return extent <= 16 ? 16 : extent <= 32 ? 32 : kSmallMaxTile;
+}
+
+template <int kTile, bool kARowMajor, bool kBRowMajor>
 void launch_small_gemm_variant(const GemmArgs& args, cudaStream_t stream) {
-  constexpr auto kernel = corrected_gemm_small_kernel<kARowMajor, kBRowMajor>;
-  const std::size_t smem_bytes = small_gemm_smem_bytes<kARowMajor, kBRowMajor>(args.k);
+  constexpr auto kernel = corrected_gemm_small_kernel<kTile, kARowMajor, kBRowMajor>;
+  const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
   allow_dynamic_smem<kernel>(smem_bytes);
-  const std::int64_t tiles = ((args.m + kSmallTile - 1) / kSmallTile) * ((args.n + kSmallTile - 1) / kSmallTile);
+  const std::int64_t tiles = ((args.m + kTile - 1) / kTile) * ((args.n + kTile - 1) / kTile);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
-  launch_kernel(kernel, grid, dim3(kSmallThreads), smem_bytes, stream, false, args);
+  launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, false, args);
+}
+
+template <int kTile>
+void launch_small_gemm_tile(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
+  if (a_row_major && b_row_major) launch_small_gemm_variant<kTile, true, true>(args, stream);
+  else if (a_row_major) launch_small_gemm_variant<kTile, true, false>(args, stream);
+  else if (b_row_major) launch_small_gemm_variant<kTile, false, true>(args, stream);
+  else launch_small_gemm_variant<kTile, false, false>(args, stream);
 }
 
 void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
-  if (a_row_major && b_row_major) launch_small_gemm_variant<true, true>(args, stream);
-  else if (a_row_major) launch_small_gemm_variant<true, false>(args, stream);
-  else if (b_row_major) launch_small_gemm_variant<false, true>(args, stream);
-  else launch_small_gemm_variant<false, false>(args, stream);
+  switch (small_gemm_tile(args)) {
+    case 16: launch_small_gemm_tile<16>(args, a_row_major, b_row_major, stream); break;
+    case 32: launch_small_gemm_tile<32>(args, a_row_major, b_row_major, stream); break;
+    default: launch_small_gemm_tile<kSmallMaxTile>(args, a_row_major, b_row_major, stream); break;
+  }
 }
 
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one
