@@ -251,6 +251,11 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads, SmallShape<kTile>
   const bool is_a = t < kTile;
   const int line = is_a ? t : t - kTile;
   const bool in_matrix = line < (is_a ? rows : cols);
+  // Launched to overlap the kernel before it on the stream (launch_small_gemm), whose outputs A and B may be, and
+  // whose inputs c's memory may have held: nothing is read or written before that kernel is complete. The next
+  // call's first kernel may launch now; it waits for this grid in turn.
+  allow_dependent_grid();
+  wait_for_prior_grid();
   for (std::int64_t z = blockIdx.y; z < args.num_batches; z += gridDim.y) {
     std::int64_t a_off, b_off;
     batch_offsets(args.batch, z, a_off, b_off);

@@ -163,7 +163,8 @@ struct GemmArgs {
 // Programmatic dependent launch (sm_90): the fp16 GEMM (or the tf32 method's GEMM) is launched so that its
 // blocks may start while the pre-pass still runs (or, without a pre-pass, the workspace's zeroing), auto's tf32
 // GEMM so that its blocks may start while the fp16 GEMM still runs (GemmLaunch::overlaps_previous), and the next
-// call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel). Each earlier
+// call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel, or the small
+// GEMM, which waits for the kernel before it at its start: corrected_gemm_small.cuh). Each earlier
 // kernel lets them as soon as each of its blocks has started (auto's fp16 GEMM on some grids only as each block
 // starts its last piece: late_dependents_apply), and a later one reads nothing an earlier one
 // writes (line ranges, the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the
@@ -922,29 +923,32 @@ int small_gemm_tile(const GemmArgs& args) {
 }
 
 template <int kTile, bool kARowMajor, bool kBRowMajor>
-void launch_small_gemm_variant(const GemmArgs& args, cudaStream_t stream) {
+void launch_small_gemm_variant(const GemmArgs& args, bool overlap, cudaStream_t stream) {
   constexpr auto kernel = corrected_gemm_small_kernel<kTile, kARowMajor, kBRowMajor>;
   const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
   allow_dynamic_smem<kernel>(smem_bytes);
   const std::int64_t tiles = ((args.m + kTile - 1) / kTile) * ((args.n + kTile - 1) / kTile);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
-  launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, false, args);
+  launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, args);
 }
 
 template <int kTile>
-void launch_small_gemm_tile(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
-  if (a_row_major && b_row_major) launch_small_gemm_variant<kTile, true, true>(args, stream);
-  else if (a_row_major) launch_small_gemm_variant<kTile, true, false>(args, stream);
-  else if (b_row_major) launch_small_gemm_variant<kTile, false, true>(args, stream);
-  else launch_small_gemm_variant<kTile, false, false>(args, stream);
+void launch_small_gemm_tile(const GemmArgs& args, bool a_row_major, bool b_row_major, bool overlap,
+                            cudaStream_t stream) {
+  if (a_row_major && b_row_major) launch_small_gemm_variant<kTile, true, true>(args, overlap, stream);
+  else if (a_row_major) launch_small_gemm_variant<kTile, true, false>(args, overlap, stream);
+  else if (b_row_major) launch_small_gemm_variant<kTile, false, true>(args, overlap, stream);
+  else launch_small_gemm_variant<kTile, false, false>(args, overlap, stream);
 }
 
-void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, cudaStream_t stream) {
+// overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
+// kernel waits for before it reads or writes anything, as the tile GEMMs' first kernel does.
+void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, bool overlap, cudaStream_t stream) {
   switch (small_gemm_tile(args)) {
-    case 16: launch_small_gemm_tile<16>(args, a_row_major, b_row_major, stream); break;
-    case 32: launch_small_gemm_tile<32>(args, a_row_major, b_row_major, stream); break;
-    default: launch_small_gemm_tile<kSmallMaxTile>(args, a_row_major, b_row_major, stream); break;
+    case 16: launch_small_gemm_tile<16>(args, a_row_major, b_row_major, overlap, stream); break;
+    case 32: launch_small_gemm_tile<32>(args, a_row_major, b_row_major, overlap, stream); break;
+    default: launch_small_gemm_tile<kSmallMaxTile>(args, a_row_major, b_row_major, overlap, stream); break;
   }
 }
 
@@ -1013,7 +1017,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
   if (small_gemm_applies(args)) {  // one kernel: no workspace, no pre-pass
-    launch_small_gemm(args, a_row, b_row, stream);
+    launch_small_gemm(args, a_row, b_row, kernels.overlap_launches, stream);
     return out;
   }
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
