@@ -87,7 +87,8 @@ __host__ __device__ inline std::size_t small_gemm_smem_bytes(std::int64_t k) {
 template <int kTile, bool kKInner>
 struct SmallChunks {
   static constexpr int kRowThreads = kTile / 4;  // (K outer) threads per k-row
-  static constexpr int kOuterStep = kKInner ? 0 : SmallShape<kTile>::kThreads / kRowThreads, kInnerStep = kKInner ? 8 : 0;
+  static constexpr int kOuterStep = kKInner ? 0 : SmallShape<kTile>::kThreads / kRowThreads;
+  static constexpr int kInnerStep = kKInner ? 8 : 0;
   static_assert(kKInner || kOuterStep == 8, "eight k-rows per step, as eight k per step with K inner");
   int outer0, inner0, count;  // chunk q: outer index outer0 + q * kOuterStep, inner index inner0 + q * kInnerStep
   __device__ explicit SmallChunks(const SmallOperandTile<kTile, kKInner>& tile)
@@ -103,9 +104,9 @@ struct SmallChunks {
 // dimension allows them (stride 1, 16-byte aligned lines), else 4-byte ones, consecutive lanes at consecutive
 // addresses where a dimension is contiguous.
 template <int kTile, bool kKInner>
-__device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperandTile<kTile, kKInner>& tile, const float* base,
-                                                 std::int64_t line0, std::int64_t line_extent, std::int64_t k,
-                                                 std::int64_t line_stride, std::int64_t k_stride) {
+__device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperandTile<kTile, kKInner>& tile,
+                                                 const float* base, std::int64_t line0, std::int64_t line_extent,
+                                                 std::int64_t k, std::int64_t line_stride, std::int64_t k_stride) {
   const int ld = tile.ld_f32();
   const std::int64_t outer_stride = kKInner ? line_stride : k_stride, inner_stride = kKInner ? k_stride : line_stride;
   const int lines = static_cast<int>(min(static_cast<std::int64_t>(kTile), line_extent - line0));
@@ -142,7 +143,8 @@ __device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperan
 // MagnitudeKeys (two integer operations per element), folded again exactly where they saw an Inf or a NaN.
 template <int kTile, bool kKInner>
 __device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stage,
-                                                                const SmallOperandTile<kTile, kKInner>& tile, int line) {
+                                                                const SmallOperandTile<kTile, kKInner>& tile,
+                                                                int line) {
   const int ld = tile.ld_f32();
   const int step = kKInner ? 1 : ld;  // along the line (16-byte reads: lanes 8 lines apart share no bank) or across
   const float* p = stage + (kKInner ? line * ld : line);
@@ -236,7 +238,8 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads, SmallShape<kTile>
   float* stage_a = reinterpret_cast<float*>(smem_raw);
   float* stage_b = reinterpret_cast<float*>(smem_raw + TileA::bytes(k_pad));
   float* out_tile = stage_a;  // after the products: the output tile, Shape::kOutLd floats per row
-  int* shift = reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) - Shape::kThreads;
+  int* shift =
+      reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) - Shape::kThreads;
   const __half* hi_a = reinterpret_cast<const __half*>(stage_a);
   const __half* lo_a = hi_a + tile_a.outer() * tile_a.ld_half();
   const __half* hi_b = reinterpret_cast<const __half*>(stage_b);
