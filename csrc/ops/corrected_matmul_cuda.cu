@@ -865,6 +865,16 @@ void launch_wmma(const GemmArgs& args, const GemmLaunch& launch) {
   }
 }
 
+// Calls f(std::bool_constant<A row-major>{}, std::bool_constant<B row-major>{}): the GEMM kernels are instantiated
+// per layout of their operands.
+template <class F>
+void with_layouts(bool a_row_major, bool b_row_major, F&& f) {
+  if (a_row_major && b_row_major) f(std::true_type{}, std::true_type{});
+  else if (a_row_major) f(std::true_type{}, std::false_type{});
+  else if (b_row_major) f(std::false_type{}, std::true_type{});
+  else f(std::false_type{}, std::false_type{});
+}
+
 template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (launch.kernels.sm90) {
@@ -900,10 +910,9 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
                                           static_cast<unsigned>(plan.batch_slots)),
                           stream, overlaps_previous, kernels, sm_count, tma_maps,
                           static_cast<unsigned>(M == Method::fp16 && !stream_k ? plan.persistent_batch_slots : 0)};
-  if (a_row_major && b_row_major) launch_gemm_variant<M, true, true>(args, launch);
-  else if (a_row_major) launch_gemm_variant<M, true, false>(args, launch);
-  else if (b_row_major) launch_gemm_variant<M, false, true>(args, launch);
-  else launch_gemm_variant<M, false, false>(args, launch);
+  with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
+    launch_gemm_variant<M, decltype(a_row)::value, decltype(b_row)::value>(args, launch);
+  });
 }
 
 // Whether a call runs the small GEMM (corrected_gemm_small.cuh) instead of the tile GEMMs: fp16 and auto where K fits
@@ -933,23 +942,16 @@ void launch_small_gemm_variant(const GemmArgs& args, bool overlap, cudaStream_t 
   launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, args);
 }
 
-template <int kTile>
-void launch_small_gemm_tile(const GemmArgs& args, bool a_row_major, bool b_row_major, bool overlap,
-                            cudaStream_t stream) {
-  if (a_row_major && b_row_major) launch_small_gemm_variant<kTile, true, true>(args, overlap, stream);
-  else if (a_row_major) launch_small_gemm_variant<kTile, true, false>(args, overlap, stream);
-  else if (b_row_major) launch_small_gemm_variant<kTile, false, true>(args, overlap, stream);
-  else launch_small_gemm_variant<kTile, false, false>(args, overlap, stream);
-}
-
 // overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
 // kernel waits for before it reads or writes anything, as the tile GEMMs' first kernel does.
 void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, bool overlap, cudaStream_t stream) {
-  switch (small_gemm_tile(args)) {
-    case 16: launch_small_gemm_tile<16>(args, a_row_major, b_row_major, overlap, stream); break;
-    case 32: launch_small_gemm_tile<32>(args, a_row_major, b_row_major, overlap, stream); break;
-    default: launch_small_gemm_tile<kSmallMaxTile>(args, a_row_major, b_row_major, overlap, stream); break;
-  }
+  const int tile = small_gemm_tile(args);
+  with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
+    constexpr bool kARowMajor = decltype(a_row)::value, kBRowMajor = decltype(b_row)::value;
+    if (tile == 16) launch_small_gemm_variant<16, kARowMajor, kBRowMajor>(args, overlap, stream);
+    else if (tile == 32) launch_small_gemm_variant<32, kARowMajor, kBRowMajor>(args, overlap, stream);
+    else launch_small_gemm_variant<kSmallMaxTile, kARowMajor, kBRowMajor>(args, overlap, stream);
+  });
 }
 
 // A strided (rows x cols) view is read in place when one of its dimensions is contiguous (or has one
