@@ -155,7 +155,8 @@ struct GemmArgs {
   int start_stagger_blocks;
   int tile_group_rows;  // tile_origin's group height (gemm_tile_group_rows)
   // The wgmma fp16 GEMM's blocks let the kernels after it launch (allow_dependent_grid) as each starts its last
-  // piece instead of at its own start (late_dependents_apply).
+  // piece instead of at its own start (late_dependents_apply); the small GEMM's as each exits instead of once it
+  // has waited for the kernel before it (small_gemm_dependents_at_exit).
   bool dependents_at_last_piece;
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
@@ -166,7 +167,8 @@ struct GemmArgs {
 // call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel, or the small
 // GEMM, which waits for the kernel before it at its start: corrected_gemm_small.cuh). Each earlier
 // kernel lets them as soon as each of its blocks has started (auto's fp16 GEMM on some grids only as each block
-// starts its last piece: late_dependents_apply), and a later one reads nothing an earlier one
+// starts its last piece: late_dependents_apply; the small GEMM once each has waited, or on some grids at its exit:
+// small_gemm_dependents_at_exit), and a later one reads nothing an earlier one
 // writes (line ranges, the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the
 // whole earlier grid (so for the pre-pass too, which the fp16 GEMM waited for). A and B are complete before the
 // pre-pass starts (and before the workspace's zeroing lets any kernel start: it waits for the kernel before it
@@ -931,26 +933,55 @@ int small_gemm_tile(const GemmArgs& args) {
   return extent <= 16 ? 16 : extent <= 32 ? 32 : kSmallMaxTile;
 }
 
+// Whether the small GEMM lets the next call's first kernel launch only as each of its blocks exits
+// (GemmArgs::dependents_at_last_piece) rather than once each has waited for the kernel before it: where its grid is
+// one partial wave with more than one block on some SMs that leaves at least one block's room on each. Launched
+// while this grid runs, the next grid's blocks would take that room, unevenly (the SMs that take the most finish
+// last). H200, session 87, back to back, us, once waited -> at the exit: 264 x 64^3 14.1 -> 12.7, 256 x 48 x 40 x
+// 100 16.2 -> 13.9, 600 x 32^2 x 64 14.3 -> 12.5, 1500 x 16^2 x 64 16.0 -> 14.6 (launched without overlap: 14.1, 15.3,
+// 14.0, 16.0); on the other side of the bounds the exit was the slower: 300 x 64^3 14.3 -> 14.5, 390 x 64^3 14.8 ->
+// 15.3, 1000 x 32^3 11.9 -> 12.5, 3000 x 16^3 17.2 -> 17.8, and no faster on grids of at most a block per SM (27
+// shapes in all, each placement best or within 0.1 us where this rule picks it: benchmarks/NOTES.md, session 87).
+// blocks_per_sm: how many fit on an SM (small_gemm_blocks_per_sm).
+bool small_gemm_dependents_at_exit(std::int64_t blocks, int sm_count, int blocks_per_sm) {
+  return blocks > sm_count && blocks <= static_cast<std::int64_t>(blocks_per_sm - 1) * sm_count;
+}
+
+// Blocks of the small GEMM that fit on one of the device's SMs: by shared memory, threads, and registers (those
+// that SmallShape::kBlocksPerSm asks of the compiler, which uses nearly all it allows: results/sass.md).
+template <int kTile>
+int small_gemm_blocks_per_sm(const cudaDeviceProp& props, std::size_t smem_bytes) {
+  const std::size_t per_block = smem_bytes + props.reservedSharedMemPerBlock;
+  const int by_smem = static_cast<int>(props.sharedMemPerMultiprocessor / per_block);
+  const int by_threads = props.maxThreadsPerMultiProcessor / SmallShape<kTile>::kThreads;
+  return std::min({by_smem, by_threads, SmallShape<kTile>::kBlocksPerSm, props.maxBlocksPerMultiProcessor});
+}
+
 template <int kTile, bool kARowMajor, bool kBRowMajor>
-void launch_small_gemm_variant(const GemmArgs& args, bool overlap, cudaStream_t stream) {
+void launch_small_gemm_variant(const GemmArgs& args, const cudaDeviceProp& props, bool overlap, cudaStream_t stream) {
   constexpr auto kernel = corrected_gemm_small_kernel<kTile, kARowMajor, kBRowMajor>;
   const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
   allow_dynamic_smem<kernel>(smem_bytes);
   const std::int64_t tiles = ((args.m + kTile - 1) / kTile) * ((args.n + kTile - 1) / kTile);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
-  launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, args);
+  GemmArgs small_args = args;
+  small_args.dependents_at_last_piece =
+      small_gemm_dependents_at_exit(static_cast<std::int64_t>(grid.x) * grid.y, props.multiProcessorCount,
+                                    small_gemm_blocks_per_sm<kTile>(props, smem_bytes));
+  launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, small_args);
 }
 
 // overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
 // kernel waits for before it reads or writes anything, as the tile GEMMs' first kernel does.
-void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, bool overlap, cudaStream_t stream) {
+void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, const cudaDeviceProp& props,
+                       bool overlap, cudaStream_t stream) {
   const int tile = small_gemm_tile(args);
   with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
     constexpr bool kARowMajor = decltype(a_row)::value, kBRowMajor = decltype(b_row)::value;
-    if (tile == 16) launch_small_gemm_variant<16, kARowMajor, kBRowMajor>(args, overlap, stream);
-    else if (tile == 32) launch_small_gemm_variant<32, kARowMajor, kBRowMajor>(args, overlap, stream);
-    else launch_small_gemm_variant<kSmallMaxTile, kARowMajor, kBRowMajor>(args, overlap, stream);
+    if (tile == 16) launch_small_gemm_variant<16, kARowMajor, kBRowMajor>(args, props, overlap, stream);
+    else if (tile == 32) launch_small_gemm_variant<32, kARowMajor, kBRowMajor>(args, props, overlap, stream);
+    else launch_small_gemm_variant<kSmallMaxTile, kARowMajor, kBRowMajor>(args, props, overlap, stream);
   });
 }
 
@@ -1019,7 +1050,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
   if (small_gemm_applies(args)) {  // one kernel: no workspace, no pre-pass
-    launch_small_gemm(args, a_row, b_row, kernels.overlap_launches, stream);
+    launch_small_gemm(args, a_row, b_row, props, kernels.overlap_launches, stream);
     return out;
   }
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
