@@ -257,10 +257,10 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads, SmallShape<kTile>
   // Launched to overlap the kernel before it on the stream (launch_small_gemm), whose outputs A and B may be, and
   // whose inputs c's memory may have held: nothing is read or written before that kernel is complete. Then the
   // next call's first kernel may launch (it waits for this grid in turn), or, where args.dependents_at_last_piece,
-  // only as each block exits (small_gemm_dependents_at_exit). Let launch before this wait (fdc7ff2), as many calls'
-  // grids as fit could wait on the SMs at once, which was slower on some grids of at most one block per SM (H200,
-  // session 87, back to back, before -> after the wait: 128 x 48 x 40 x 100 14.0 -> 10.0 us, 64 x 64^2 x 128 12.9
-  // -> 10.9, 100 x 64^3 10.5 -> 9.3) and no faster on any.
+  // only as each block exits (small_gemm_dependents_at_exit). Where it could launch before this wait (fdc7ff2), as
+  // many calls' grids as fit could wait on the SMs at once, which was slower on some grids of at most one block per
+  // SM (H200, session 87, back to back, before -> after the wait: 128 x 48 x 40 x 100 14.0 -> 10.0 us, 64 x 64^2 x
+  // 128 12.9 -> 10.9, 100 x 64^3 10.5 -> 9.3) and no faster on any.
   wait_for_prior_grid();
   if (!args.dependents_at_last_piece) allow_dependent_grid();
   for (std::int64_t z = blockIdx.y; z < args.num_batches; z += gridDim.y) {
