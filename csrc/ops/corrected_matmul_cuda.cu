@@ -942,23 +942,13 @@ int small_gemm_tile(const GemmArgs& args) {
 // 14.0, 16.0); on the other side of the bounds the exit was the slower: 300 x 64^3 14.3 -> 14.5, 390 x 64^3 14.8 ->
 // 15.3, 1000 x 32^3 11.9 -> 12.5, 3000 x 16^3 17.2 -> 17.8, and no faster on grids of at most a block per SM (27
 // shapes in all, each placement best or within 0.1 us where this rule picks it: benchmarks/NOTES.md, session 87).
-// blocks_per_sm: how many fit on an SM (small_gemm_blocks_per_sm).
+// blocks_per_sm: how many fit on an SM.
 bool small_gemm_dependents_at_exit(std::int64_t blocks, int sm_count, int blocks_per_sm) {
   return blocks > sm_count && blocks <= static_cast<std::int64_t>(blocks_per_sm - 1) * sm_count;
 }
 
-// Blocks of the small GEMM that fit on one of the device's SMs: by shared memory, threads, and registers (those
-// that SmallShape::kBlocksPerSm asks of the compiler, which uses nearly all it allows: results/sass.md).
-template <int kTile>
-int small_gemm_blocks_per_sm(const cudaDeviceProp& props, std::size_t smem_bytes) {
-  const std::size_t per_block = smem_bytes + props.reservedSharedMemPerBlock;
-  const int by_smem = static_cast<int>(props.sharedMemPerMultiprocessor / per_block);
-  const int by_threads = props.maxThreadsPerMultiProcessor / SmallShape<kTile>::kThreads;
-  return std::min({by_smem, by_threads, SmallShape<kTile>::kBlocksPerSm, props.maxBlocksPerMultiProcessor});
-}
-
 template <int kTile, bool kARowMajor, bool kBRowMajor>
-void launch_small_gemm_variant(const GemmArgs& args, const cudaDeviceProp& props, bool overlap, cudaStream_t stream) {
+void launch_small_gemm_variant(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
   constexpr auto kernel = corrected_gemm_small_kernel<kTile, kARowMajor, kBRowMajor>;
   const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
   allow_dynamic_smem<kernel>(smem_bytes);
@@ -967,21 +957,21 @@ void launch_small_gemm_variant(const GemmArgs& args, const cudaDeviceProp& props
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
   GemmArgs small_args = args;
   small_args.dependents_at_last_piece =
-      small_gemm_dependents_at_exit(static_cast<std::int64_t>(grid.x) * grid.y, props.multiProcessorCount,
-                                    small_gemm_blocks_per_sm<kTile>(props, smem_bytes));
+      small_gemm_dependents_at_exit(static_cast<std::int64_t>(grid.x) * grid.y, sm_count,
+                                    blocks_per_sm<kernel>(SmallShape<kTile>::kThreads, smem_bytes));
   launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, small_args);
 }
 
 // overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
 // kernel waits for before it reads or writes anything, as the tile GEMMs' first kernel does.
-void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, const cudaDeviceProp& props,
-                       bool overlap, cudaStream_t stream) {
+void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, int sm_count, bool overlap,
+                       cudaStream_t stream) {
   const int tile = small_gemm_tile(args);
   with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
     constexpr bool kARowMajor = decltype(a_row)::value, kBRowMajor = decltype(b_row)::value;
-    if (tile == 16) launch_small_gemm_variant<16, kARowMajor, kBRowMajor>(args, props, overlap, stream);
-    else if (tile == 32) launch_small_gemm_variant<32, kARowMajor, kBRowMajor>(args, props, overlap, stream);
-    else launch_small_gemm_variant<kSmallMaxTile, kARowMajor, kBRowMajor>(args, props, overlap, stream);
+    if (tile == 16) launch_small_gemm_variant<16, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+    else if (tile == 32) launch_small_gemm_variant<32, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+    else launch_small_gemm_variant<kSmallMaxTile, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
   });
 }
 
@@ -1050,7 +1040,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
   if (small_gemm_applies(args)) {  // one kernel: no workspace, no pre-pass
-    launch_small_gemm(args, a_row, b_row, props, kernels.overlap_launches, stream);
+    launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
     return out;
   }
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.

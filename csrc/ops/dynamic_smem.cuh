@@ -11,6 +11,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 
 namespace wmmae_ops {
@@ -44,18 +45,29 @@ void prefer_max_shared_carveout() {
 }
 
 // How many blocks of `Kernel` (`threads` threads, `bytes` of dynamic shared memory) an SM holds at once, at
-// least 1. Asked once per kernel and device (a driver call): both must be the same at every call for one
-// kernel.
+// least 1. Asked once per kernel, device and size (a driver call), for up to kRememberedSizes sizes per kernel and
+// device (the small GEMM's grow with K; beyond them it asks at every call); `threads` must be the same at every
+// call for one kernel.
 template <auto Kernel>
 int blocks_per_sm(int threads, std::size_t bytes) {
-  static std::array<std::atomic<int>, C10_COMPILE_TIME_MAX_GPUS> known{};  // per device, 0: not asked yet
-  std::atomic<int>& blocks = known[c10::cuda::current_device()];
-  int n = blocks.load(std::memory_order_acquire);
-  if (n > 0) return n;
+  constexpr int kRememberedSizes = 8;
+  // Per device, the sizes asked, in the order asked: bytes << 32 | blocks (0: not asked yet; blocks >= 1).
+  static std::array<std::array<std::atomic<std::uint64_t>, kRememberedSizes>, C10_COMPILE_TIME_MAX_GPUS> known{};
+  auto& sizes = known[c10::cuda::current_device()];
+  for (const auto& size : sizes) {
+    const std::uint64_t entry = size.load(std::memory_order_acquire);
+    if (entry == 0) break;
+    if (entry >> 32 == bytes) return static_cast<int>(entry & 0xffffffffu);
+  }
   allow_dynamic_smem<Kernel>(bytes);
+  int n = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, bytes));
   n = n > 0 ? n : 1;
-  blocks.store(n, std::memory_order_release);
+  const std::uint64_t entry = static_cast<std::uint64_t>(bytes) << 32 | static_cast<std::uint32_t>(n);
+  for (auto& size : sizes) {  // the first free place, unless another thread has just remembered the same size
+    std::uint64_t expected = 0;
+    if (size.compare_exchange_strong(expected, entry, std::memory_order_acq_rel) || expected == entry) break;
+  }
   return n;
 }
 
