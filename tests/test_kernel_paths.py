@@ -1221,7 +1221,8 @@ def _tile_gemms_unless_asked(monkeypatch):
 
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
 # takes the small GEMM (else only TORCH_WMMAE_SMALL_GEMM=1 does: outputs of several 64 x 64 tiles). Its tiles are
-# 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns.
+# 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
+# K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128).
 SMALL_GEMM_CASES = {
     "k64_one_tile": (((3, 64, 64), 64, 0, False), ((3, 64, 64), 64, 0, False), True),
     "k1": (((2, 9, 1), 1, 0, False), ((2, 1, 12), 12, 0, False), True),
@@ -1238,12 +1239,25 @@ SMALL_GEMM_CASES = {
     "k46_partial_chunks": (((3, 30, 46), 48, 0, False), ((3, 46, 62), 64, 0, False), True),
     "k46_partial_chunks_both_col": (((3, 30, 46), 32, 0, True), ((3, 46, 62), 48, 0, True), True),
     "k96_tiles_of_130x200": (((2, 130, 96), 96, 0, False), ((2, 96, 200), 96, 0, True), False),
+    "k32_tile16_both_col": (((3, 16, 32), 16, 0, True), ((3, 32, 16), 32, 0, True), True),
+    "k33_tile16_b_offset": (((3, 11, 33), 33, 0, False), ((3, 33, 14), 14, 1, False), True),
+    "k64_tile16_a_col": (((3, 16, 64), 16, 0, True), ((3, 64, 10), 10, 0, False), True),
+    "k48_tile32": (((4, 32, 48), 48, 0, False), ((4, 48, 32), 32, 0, False), True),
+    "k64_tile32_b_col": (((2, 25, 64), 64, 0, False), ((2, 64, 32), 64, 0, True), True),
+    "k65_tile32_offsets_b_col": (((2, 20, 65), 68, 1, False), ((2, 65, 31), 65, 2, True), True),
+    "k65_tile64_a_col": (((2, 64, 65), 64, 0, True), ((2, 65, 40), 40, 0, False), True),
 }
 
 
 def _small_gemm_tile(m: int, n: int) -> int:
     """The small GEMM's tile for an m x n output: the smallest of 16, 32 and 64 that holds it (64 beyond)."""
     return next((tile for tile in (16, 32) if max(m, n) <= tile), 64)
+
+
+def _small_gemm_k_bucket(tile: int, k: int) -> int:
+    """The largest K of the small GEMM's kernel for a tile and K: tiles 16 and 32 have kernels for K <= 32, <= 64
+    and <= 128 (fewer registers at a smaller K), tile 64 for K <= 64 and <= 128."""
+    return next(bucket for bucket in ((64, 128) if tile == 64 else (32, 64, 128)) if k <= bucket)
 
 
 def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -1274,7 +1288,7 @@ def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
     tile (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its tiles that holds the output
-    (16, 32 or 64), over any strides, offsets and broadcasts; it writes
+    (16, 32 or 64) and its kernel for the K bucket that holds K, over any strides, offsets and broadcasts; it writes
     every output (a NaN-poisoned pool) and is correct: within the dot-product bound, and on "wide" inputs
     (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and float64's NaN and Inf. Its fp16 method
     gives the tile GEMMs' bits (the same scaling, split and order of tensor-core sums)."""
@@ -1296,7 +1310,8 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
             if small:  # one kernel: no pre-pass, workspace zeroing or exit kernels
                 assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], (switch, ran)
                 tile = _small_gemm_tile(a.shape[-2], b.shape[-1])
-                assert f"{SMALL_GEMM_KERNEL}<{tile}," in ran[0], (switch, tile, ran)
+                bucket = _small_gemm_k_bucket(tile, a.shape[-1])
+                assert f"{SMALL_GEMM_KERNEL}<{tile}, {bucket}," in ran[0], (switch, tile, bucket, ran)
             else:
                 assert not any(SMALL_GEMM_KERNEL in name for name in ran), (switch, ran)
     for switch in ("default", "1"):

@@ -1,9 +1,10 @@
 // The GEMM of small products (small_gemm_applies in corrected_matmul_cuda.cu): square output tiles of 64, 32 or 16
 // (the smallest that holds a batch entry's output: small_gemm_tile) of a K that fits in shared memory whole
-// (K <= kSmallMaxK), one block of 2 x tile threads per tile and batch entry, many blocks per SM. The 128x128 tiles
-// of the other GEMMs waste three quarters of their work on a 64x64 output and wait, one tile after the other, on
-// each tile's fixed latencies (line ranges, first stage, flush: benchmarks/NOTES.md, sessions 81 and 82); here the
-// blocks of other tiles hide them, and a call is one kernel (no pre-pass, no workspace, no exit kernels).
+// (K <= kSmallMaxK), one block of 2 x tile threads per tile and batch entry, many blocks per SM (a kernel per tile
+// and K bucket, SmallKBucket: fewer registers at a smaller K). The 128x128 tiles of the other GEMMs waste three
+// quarters of their work on a 64x64 output and wait, one tile after the other, on each tile's fixed latencies (line
+// ranges, first stage, flush: benchmarks/NOTES.md, sessions 81 and 82); here the blocks of other tiles hide them,
+// and a call is one kernel (no pre-pass, no workspace, no exit kernels).
 // A block: copies its rows of A and columns of B into shared memory (cp.async, any strides), folds each line's
 // exponent range there (thread t: line t, rows of A then columns of B), and then
 // - fp16, and auto where every line of the tile is fp16-safe: the fp16 method's arithmetic of the wgmma kernel
@@ -33,13 +34,35 @@ struct SmallShape {
   static constexpr int kWarpRows = kTile / kWarpsM, kWarpCols = kTile / kWarpsN;
   static constexpr int kFragsM = kWarpRows / 16, kFragsN = kWarpCols / 16;
   static constexpr int kOutLd = kTile + 4;  // the output tile's rows in shared memory, before they are stored
-  // Blocks per SM that the registers must allow: at K = 128 shared memory allows 3 of tile 64, 6 of tile 32.
-  static constexpr int kBlocksPerSm = kTile == 64 ? 3 : kTile == 32 ? 8 : 16;
-  // Four-element chunks of one operand that a thread copies and splits at the largest K (SmallChunks): the same
-  // for every tile, since the threads grow with the lines.
-  static constexpr int kMaxChunks = kTile * kSmallMaxK / 4 / kThreads;
-  static_assert(kSmallMaxK % 16 == 0 && kMaxChunks == kSmallMaxK / 8, "SmallChunks' chunks of each thread");
 };
+
+// The largest K of a kernel (its K bucket: small_gemm_k_bucket) and what it sets: the four-element chunks of one
+// operand that a thread copies and splits (SmallChunks: kMaxK / 8 for every tile, since the threads grow with the
+// lines), held in registers across the split's barrier, and the blocks per SM that the launch bounds let the
+// registers allow. A smaller K needs fewer chunks and less shared memory, so that more blocks fit on an SM: at K <=
+// 64 the registers, not shared memory, limited them (ncu, session 88: 16 warps per SM of tiles 16 and 32, 12 of tile
+// 64). Tiles 16 and 32 are built for K of at most 32, 64 and kSmallMaxK; tile 64, whose registers go mostly to its
+// accumulators whatever K, for K of at most 64 and kSmallMaxK.
+template <int kTile, int kMaxK>
+struct SmallKBucket {
+  static_assert(kMaxK == 32 || kMaxK == 64 || kMaxK == kSmallMaxK, "small GEMM K buckets: 32, 64 or kSmallMaxK");
+  static_assert(kTile != kSmallMaxTile || kMaxK != 32, "tile 64: K buckets 64 and kSmallMaxK");
+  static constexpr int kMaxChunks = kMaxK / 8;
+  static_assert(kMaxK % 16 == 0 && kMaxChunks * 4 * SmallShape<kTile>::kThreads == kTile * kMaxK,
+                "SmallChunks' chunks of each thread");
+  // H100/H200 (228 KB of shared memory, 64K registers per SM), blocks per SM at the bucket's largest K:
+  // tile 16: 32 (the SM's limit) / 24 (shared memory: 21) / 16 (shared memory: 12); tile 32: 14 / 12 (shared
+  // memory: 11) / 8 (shared memory: 6); tile 64: 4 / 3 (shared memory: 3). Each without spills (results/sass.md);
+  // one more block per SM spills for tiles 32 and 64.
+  static constexpr int kBlocksPerSm = kTile == 64   ? (kMaxK == 64 ? 4 : 3)
+                                      : kTile == 32 ? (kMaxK == 32 ? 14 : kMaxK == 64 ? 12 : 8)
+                                                    : (kMaxK == 32 ? 32 : kMaxK == 64 ? 24 : 16);
+};
+
+// The K bucket of a kernel for a tile and K: the smallest of 32 (not tile 64), 64 and kSmallMaxK that holds K.
+__host__ __device__ constexpr int small_gemm_k_bucket(int tile, std::int64_t k) {
+  return k <= 32 && tile != kSmallMaxTile ? 32 : k <= 64 ? 64 : kSmallMaxK;
+}
 
 // One operand's tile in shared memory, in its orientation in global memory: `kKInner` when K is its contiguous
 // dimension (A row-major, B column-major), so that lines (rows of A, columns of B) are its outer dimension;
@@ -173,10 +196,9 @@ __device__ __forceinline__ float small_gemm_scale(int shift) { return __int_as_f
 // Scales the tile's fp32 lines by their powers of two and splits them into hi and residual tiles in place (the
 // residual compensated for B: wmmae::split_fp16_compensated): each thread reads its four-element chunks into
 // registers (SmallChunks), and after a block barrier writes their splits over them. Block-wide barriers.
-template <bool kCompensate, int kTile, bool kKInner>
+template <bool kCompensate, int kMaxChunks, int kTile, bool kKInner>
 __device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperandTile<kTile, kKInner>& tile,
                                                  const int* shift) {
-  constexpr int kMaxChunks = SmallShape<kTile>::kMaxChunks;
   const SmallChunks<kTile, kKInner> chunks(tile);
   float4 v[kMaxChunks];
 #pragma unroll
@@ -217,8 +239,9 @@ __device__ __forceinline__ void small_gemm_store(float* c, std::int64_t n, std::
   }
 }
 
-template <int kTile, bool kARowMajor, bool kBRowMajor>
-__global__ void __launch_bounds__(SmallShape<kTile>::kThreads, SmallShape<kTile>::kBlocksPerSm)
+// kMaxK: the largest K the kernel takes (its K bucket, SmallKBucket).
+template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor>
+__global__ void __launch_bounds__(SmallShape<kTile>::kThreads, (SmallKBucket<kTile, kMaxK>::kBlocksPerSm))
     corrected_gemm_small_kernel(GemmArgs args) {
   namespace wmma = nvcuda::wmma;
   using Shape = SmallShape<kTile>;
@@ -281,8 +304,9 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads, SmallShape<kTile>
     if (fp16_tile) {
       // Shifts within +-kDirectShift unscale each output with one multiplication (unscale_direct).
       const bool small_shifts = __syncthreads_and(line_shift_fp16 >= -kDirectShift && line_shift_fp16 <= kDirectShift);
-      small_gemm_split<false>(stage_a, tile_a, shift);
-      small_gemm_split<true>(stage_b, tile_b, shift + kTile);
+      constexpr int kMaxChunks = SmallKBucket<kTile, kMaxK>::kMaxChunks;
+      small_gemm_split<false, kMaxChunks>(stage_a, tile_a, shift);
+      small_gemm_split<true, kMaxChunks>(stage_b, tile_b, shift + kTile);
       __syncthreads();
       Acc sum[Shape::kFragsM][Shape::kFragsN], corr[Shape::kFragsM][Shape::kFragsN], hh[Shape::kFragsM][Shape::kFragsN];
 #pragma unroll

@@ -947,9 +947,9 @@ bool small_gemm_dependents_at_exit(std::int64_t blocks, int sm_count, int blocks
   return blocks > sm_count && blocks <= static_cast<std::int64_t>(blocks_per_sm - 1) * sm_count;
 }
 
-template <int kTile, bool kARowMajor, bool kBRowMajor>
+template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor>
 void launch_small_gemm_variant(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
-  constexpr auto kernel = corrected_gemm_small_kernel<kTile, kARowMajor, kBRowMajor>;
+  constexpr auto kernel = corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor>;
   const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
   allow_dynamic_smem<kernel>(smem_bytes);
   const std::int64_t tiles = ((args.m + kTile - 1) / kTile) * ((args.n + kTile - 1) / kTile);
@@ -962,6 +962,20 @@ void launch_small_gemm_variant(const GemmArgs& args, int sm_count, bool overlap,
   launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, small_args);
 }
 
+// The small GEMM's kernel for the call's tile (small_gemm_tile) and K bucket (small_gemm_k_bucket).
+template <int kTile, bool kARowMajor, bool kBRowMajor>
+void launch_small_gemm_tile(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
+  const int bucket = small_gemm_k_bucket(kTile, args.k);
+  if constexpr (kTile != kSmallMaxTile) {  // (tile 64 has no bucket of 32)
+    if (bucket == 32) {
+      launch_small_gemm_variant<kTile, 32, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+      return;
+    }
+  }
+  if (bucket == 64) launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+  else launch_small_gemm_variant<kTile, kSmallMaxK, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+}
+
 // overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
 // kernel waits for before it reads or writes anything, as the tile GEMMs' first kernel does.
 void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, int sm_count, bool overlap,
@@ -969,9 +983,9 @@ void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major,
   const int tile = small_gemm_tile(args);
   with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
     constexpr bool kARowMajor = decltype(a_row)::value, kBRowMajor = decltype(b_row)::value;
-    if (tile == 16) launch_small_gemm_variant<16, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
-    else if (tile == 32) launch_small_gemm_variant<32, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
-    else launch_small_gemm_variant<kSmallMaxTile, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+    if (tile == 16) launch_small_gemm_tile<16, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+    else if (tile == 32) launch_small_gemm_tile<32, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+    else launch_small_gemm_tile<kSmallMaxTile, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
   });
 }
 
