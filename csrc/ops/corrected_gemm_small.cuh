@@ -41,8 +41,8 @@ struct SmallShape {
 // lines), held in registers across the split's barrier, and the blocks per SM that the launch bounds let the
 // registers allow. A smaller K needs fewer chunks and less shared memory, so that more blocks fit on an SM: at K <=
 // 64 the registers, not shared memory, limited them (ncu, session 88: 16 warps per SM of tiles 16 and 32, 12 of tile
-// 64). Tiles 16 and 32 are built for K of at most 32, 64 and kSmallMaxK; tile 64, whose registers go mostly to its
-// accumulators whatever K, for K of at most 64 and kSmallMaxK.
+// 64). Tiles 16 and 32 are built for K of at most 32, 64 and kSmallMaxK; tile 64 for K of at most 64 and kSmallMaxK
+// (its three sets of accumulators take 96 registers: at K <= 32 too, a fifth block per SM would spill).
 template <int kTile, int kMaxK>
 struct SmallKBucket {
   static_assert(kMaxK == 32 || kMaxK == 64 || kMaxK == kSmallMaxK, "small GEMM K buckets: 32, 64 or kSmallMaxK");
