@@ -951,7 +951,7 @@ def _run_chain(x, bs, sync_each_step: bool) -> list:
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,n", [(12, 256), (1, 1000), (1, 136), (300, 64), (200, 64), (2000, 20)],
+@pytest.mark.parametrize("batch,n", [(12, 256), (1, 1000), (1, 136), (600, 64), (200, 64), (2000, 20)],
                          ids=["batched", "n1000", "n136", "small_gemm64", "small_gemm64_partial_wave", "small_gemm20"])
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
 def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monkeypatch, batch, n, split_k):
@@ -961,8 +961,9 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
     wrong data (a workspace zeroed too early, an input read before it was written) overflows or flushes the
     fp16 split and fails the bound. The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
     overlap the kernel before it, like a call's first kernel), their tf32 steps the tile GEMMs; on H100/H200 the
-    partial wave's grid lets the next step launch only as its blocks exit, the others once their blocks have
-    waited for the step before (small_gemm_dependents_at_exit)."""
+    partial wave's grid (200 blocks, 4 per SM) lets the next step launch only as its blocks exit, the others (600
+    blocks of tile 64, 2000 of tile 32) once their blocks have waited for the step before
+    (small_gemm_dependents_at_exit)."""
     if n <= 64:
         monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     unit = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the magnitudes)
