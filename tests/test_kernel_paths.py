@@ -962,8 +962,8 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
     fp16 split and fails the bound. The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
     overlap the kernel before it, like a call's first kernel), their tf32 steps the tile GEMMs; on H100/H200 the
     partial wave's grid (200 blocks, 4 per SM) lets the next step launch only as its blocks exit, the others (600
-    blocks of tile 64, 2000 of tile 32) once their blocks have waited for the step before
-    (small_gemm_dependents_at_exit)."""
+    blocks of tile 64, 5 per SM with the hi*hi sums per fragment on 132 SMs: small_gemm_hh_per_fragment; 2000 of
+    tile 32) once their blocks have waited for the step before (small_gemm_dependents_at_exit)."""
     if n <= 64:
         monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     unit = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the magnitudes)
@@ -1352,6 +1352,51 @@ def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, m
             assert torch.equal(auto[z], fp16[z]), f"entry {z}"
     assert not torch.equal(auto[1], fp16[1])  # (else the test could not tell the paths apart)
     assert_matmul_within_dot_product_bound(auto[[0, 2, 5]], a[[0, 2, 5]], b[[0, 2, 5]], "fp16-safe entries")
+
+
+SMALL_GEMM_HH_SWITCH = "TORCH_WMMAE_SMALL_HH_PER_FRAGMENT"
+_SMALL_KERNEL_ARGS = re.compile(SMALL_GEMM_KERNEL + r"<(\d+), (\d+), (true|false), (true|false), (true|false)>")
+
+
+def _hh_per_fragment_expected(blocks: int, sm_count: int) -> bool:
+    """small_gemm_hh_per_fragment on H100/H200, where tile 64's K <= 64 kernels fit four (hi*hi sums per k-step) and
+    five (per fragment) blocks per SM (their launch bounds; shared memory allows six): the second where it takes
+    fewer waves of blocks, and at most two."""
+    waves = lambda per_sm: -(-blocks // (per_sm * sm_count))
+    return waves(5) <= 2 and waves(5) < waves(4)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("layout", ["a_row_b_col", "a_col_b_row"])
+@pytest.mark.parametrize("k", [64, 33], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("batch", [1, 600, 1300, 2048], ids=lambda b: f"batch{b}")
+def test_small_gemm_tile64_hi_sums_per_fragment_or_per_k_step(gen, monkeypatch, batch, k, layout, method):
+    """Tile 64 at K <= 64 has two kernels, the hi*hi sums held per k-step (four blocks per SM) or per output fragment
+    (five, twice the fragment loads): the same operations per output in the same order, so the same bits, each
+    correct; by default (on H100/H200) the second runs where it takes fewer waves of blocks, at most two
+    (_hh_per_fragment_expected)."""
+    monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
+    a_col, b_col = layout.startswith("a_col"), layout.endswith("b_col")
+    a = _strided_matrix(gen, (batch, 64, k), 64 if a_col else k, 0, col_major=a_col)
+    b = _strided_matrix(gen, (batch, k, 64), k if b_col else 64, 0, col_major=b_col)
+    a[:, ::7] *= 2.0**24  # rows and columns far from 1, which the lines' powers of two bring into fp16's range
+    b[..., ::5] *= 2.0**-30
+    call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
+    outs, kernels = _calls_by_switch(monkeypatch, SMALL_GEMM_HH_SWITCH, ("default", "1", "0"), call)
+    assert_matmul_within_dot_product_bound(outs["1"], a, b, f"per fragment, batch {batch}")
+    for switch in ("default", "0"):
+        assert torch.equal(outs[switch], outs["1"]), switch
+    if profiler_records_kernels():
+        props = torch.cuda.get_device_properties(a.device)
+        expected = {"1": True, "0": False}
+        if (props.major, props.minor) == (9, 0):
+            expected["default"] = _hh_per_fragment_expected(batch, props.multi_processor_count)
+        for switch, per_fragment in expected.items():
+            ran = [m.groups() for name in kernels[switch] for m in [_SMALL_KERNEL_ARGS.search(name)] if m]
+            assert len(ran) == 1 and ran[0][:2] == ("64", "64"), (switch, kernels[switch])
+            assert ran[0][4] == ("true" if per_fragment else "false"), (switch, ran)
 
 
 @requires_cuda

@@ -42,19 +42,23 @@ struct SmallShape {
 // registers allow. A smaller K needs fewer chunks and less shared memory, so that more blocks fit on an SM: at K <=
 // 64 the registers, not shared memory, limited them (ncu, session 88: 16 warps per SM of tiles 16 and 32, 12 of tile
 // 64). Tiles 16 and 32 are built for K of at most 32, 64 and kSmallMaxK; tile 64 for K of at most 64 and kSmallMaxK
-// (its three sets of accumulators take 96 registers: at K <= 32 too, a fifth block per SM would spill).
-template <int kTile, int kMaxK>
+// (its three sets of accumulators take 96 registers: at K <= 32 too, a fifth block per SM would spill). Tile 64 at
+// K <= 64 has a second kernel, kHhPerFragment (small_gemm_products_per_fragment), whose fewer registers allow five
+// blocks per SM: the host picks it where that takes fewer waves (small_gemm_hh_per_fragment).
+template <int kTile, int kMaxK, bool kHhPerFragment = false>
 struct SmallKBucket {
   static_assert(kMaxK == 32 || kMaxK == 64 || kMaxK == kSmallMaxK, "small GEMM K buckets: 32, 64 or kSmallMaxK");
   static_assert(kTile != kSmallMaxTile || kMaxK != 32, "tile 64: K buckets 64 and kSmallMaxK");
+  static_assert(!kHhPerFragment || (kTile == kSmallMaxTile && kMaxK == 64),
+                "the hi*hi sums per fragment: tile 64, K <= 64");
   static constexpr int kMaxChunks = kMaxK / 8;
   static_assert(kMaxK % 16 == 0 && kMaxChunks * 4 * SmallShape<kTile>::kThreads == kTile * kMaxK,
                 "SmallChunks' chunks of each thread");
   // H100/H200 (228 KB of shared memory, 64K registers per SM), blocks per SM at the bucket's largest K:
   // tile 16: 32 (the SM's limit) / 24 (shared memory: 21) / 16 (shared memory: 12); tile 32: 14 / 12 (shared
-  // memory: 11) / 8 (shared memory: 6); tile 64: 4 / 3 (shared memory: 3). Each without spills (results/sass.md);
-  // one more block per SM spills for tiles 32 and 64.
-  static constexpr int kBlocksPerSm = kTile == 64   ? (kMaxK == 64 ? 4 : 3)
+  // memory: 11) / 8 (shared memory: 6); tile 64: 4 (with kHhPerFragment 5; shared memory: 6) / 3 (shared memory: 3).
+  // Each without spills in its products' loop (results/sass.md); one more block per SM spills for tiles 32 and 64.
+  static constexpr int kBlocksPerSm = kTile == 64   ? (kMaxK == 64 ? (kHhPerFragment ? 5 : 4) : 3)
                                       : kTile == 32 ? (kMaxK == 32 ? 14 : kMaxK == 64 ? 12 : 8)
                                                     : (kMaxK == 32 ? 32 : kMaxK == 64 ? 24 : 16);
 };
@@ -239,9 +243,62 @@ __device__ __forceinline__ void small_gemm_store(float* c, std::int64_t n, std::
   }
 }
 
-// kMaxK: the largest K the kernel takes (its K bucket, SmallKBucket).
-template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor>
-__global__ void __launch_bounds__(SmallShape<kTile>::kThreads, (SmallKBucket<kTile, kMaxK>::kBlocksPerSm))
+// A warp's view of the block's hi and residual tiles: its output fragments' first row (A) and column (B).
+template <class TileA, class TileB>
+struct SmallWarpTiles {
+  TileA tile_a;
+  TileB tile_b;
+  const __half *hi_a, *lo_a, *hi_b, *lo_b;
+  int row0, col0;
+  __device__ int offset_a(int i, int kk) const { return tile_a.offset(row0 + 16 * i, kk, tile_a.ld_half()); }
+  __device__ int offset_b(int j, int kk) const { return tile_b.offset(col0 + 16 * j, kk, tile_b.ld_half()); }
+};
+
+// A warp's fp16 products over K, as the kernel's loop over k-steps computes them (each output fragment's operations
+// in the same order: the same bits), but per 32 k (kFp16HiSumK) one output fragment after the other, so that one
+// hi*hi sum is held instead of one per output fragment (tile 64, four fragments per warp: 93-96 registers, not 128),
+// at the cost of loading each A and B fragment once per output fragment (twice the loads from shared memory).
+template <class FragA, class FragB, class Acc, int kFragsM, int kFragsN, class TileA, class TileB>
+__device__ __forceinline__ void small_gemm_products_per_fragment(Acc (&sum)[kFragsM][kFragsN],
+                                                                 Acc (&corr)[kFragsM][kFragsN],
+                                                                 const SmallWarpTiles<TileA, TileB> w, int k_steps) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int kStepsPerSum = kFp16HiSumK / kFp16KStep;
+  for (int ks0 = 0; ks0 < k_steps; ks0 += kStepsPerSum) {
+    const int steps = min(kStepsPerSum, k_steps - ks0);
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+        Acc hh;
+        wmma::fill_fragment(hh, 0.0f);
+#pragma unroll
+        for (int s = 0; s < kStepsPerSum; ++s) {
+          if (s < steps) {
+            const int kk = (ks0 + s) * kFp16KStep;
+            FragA ah, al;
+            FragB bh, bl;
+            wmma::load_matrix_sync(ah, w.hi_a + w.offset_a(i, kk), w.tile_a.ld_half());
+            wmma::load_matrix_sync(bh, w.hi_b + w.offset_b(j, kk), w.tile_b.ld_half());
+            wmma::mma_sync(hh, ah, bh, hh);
+            wmma::load_matrix_sync(al, w.lo_a + w.offset_a(i, kk), w.tile_a.ld_half());
+            wmma::mma_sync(corr[i][j], al, bh, corr[i][j]);
+            wmma::load_matrix_sync(bl, w.lo_b + w.offset_b(j, kk), w.tile_b.ld_half());
+            wmma::mma_sync(corr[i][j], ah, bl, corr[i][j]);
+          }
+        }
+#pragma unroll
+        for (int x = 0; x < Acc::num_elements; ++x) sum[i][j].x[x] += hh.x[x];
+      }
+    }
+  }
+}
+
+// kMaxK: the largest K the kernel takes (its K bucket, SmallKBucket). kHhPerFragment: the products of
+// small_gemm_products_per_fragment (tile 64, K <= 64), else the loop over k-steps below.
+template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor, bool kHhPerFragment>
+__global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
+                                  (SmallKBucket<kTile, kMaxK, kHhPerFragment>::kBlocksPerSm))
     corrected_gemm_small_kernel(GemmArgs args) {
   namespace wmma = nvcuda::wmma;
   using Shape = SmallShape<kTile>;
@@ -302,13 +359,18 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads, (SmallKBucket<kTi
     const bool fp16_tile = __syncthreads_and(!in_matrix || fp16_safe(range)) || args.method == Method::fp16;
 
     if (fp16_tile) {
-      // Shifts within +-kDirectShift unscale each output with one multiplication (unscale_direct).
-      const bool small_shifts = __syncthreads_and(line_shift_fp16 >= -kDirectShift && line_shift_fp16 <= kDirectShift);
+      // Shifts within +-kDirectShift unscale each output with one multiplication (unscale_direct). Where the
+      // products leave the fewest registers (kHhPerFragment), decided after them from shared memory, so that nothing
+      // more is held across them; the other kernels kept no spill only with it decided here (ptxas, session 89).
+      bool small_shifts = false;
+      if constexpr (!kHhPerFragment) {
+        small_shifts = __syncthreads_and(line_shift_fp16 >= -kDirectShift && line_shift_fp16 <= kDirectShift);
+      }
       constexpr int kMaxChunks = SmallKBucket<kTile, kMaxK>::kMaxChunks;
       small_gemm_split<false, kMaxChunks>(stage_a, tile_a, shift);
       small_gemm_split<true, kMaxChunks>(stage_b, tile_b, shift + kTile);
       __syncthreads();
-      Acc sum[Shape::kFragsM][Shape::kFragsN], corr[Shape::kFragsM][Shape::kFragsN], hh[Shape::kFragsM][Shape::kFragsN];
+      Acc sum[Shape::kFragsM][Shape::kFragsN], corr[Shape::kFragsM][Shape::kFragsN];
 #pragma unroll
       for (int i = 0; i < Shape::kFragsM; ++i) {
 #pragma unroll
@@ -318,43 +380,56 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads, (SmallKBucket<kTi
         }
       }
       const int k_steps = k_pad / kFp16KStep;
-      for (int ks = 0; ks < k_steps; ++ks) {
-        const int kk = ks * kFp16KStep;
-        FragA ah[Shape::kFragsM], al[Shape::kFragsM];
-#pragma unroll
-        for (int i = 0; i < Shape::kFragsM; ++i) {
-          const int off = tile_a.offset(wm * Shape::kWarpRows + 16 * i, kk, tile_a.ld_half());
-          wmma::load_matrix_sync(ah[i], hi_a + off, tile_a.ld_half());
-          wmma::load_matrix_sync(al[i], lo_a + off, tile_a.ld_half());
-        }
-        const bool first_of_sum = ks % (kFp16HiSumK / kFp16KStep) == 0;
-#pragma unroll
-        for (int j = 0; j < Shape::kFragsN; ++j) {
-          FragB bh, bl;
-          const int off = tile_b.offset(wn * Shape::kWarpCols + 16 * j, kk, tile_b.ld_half());
-          wmma::load_matrix_sync(bh, hi_b + off, tile_b.ld_half());
-          wmma::load_matrix_sync(bl, lo_b + off, tile_b.ld_half());
+      if constexpr (kHhPerFragment) {
+        const SmallWarpTiles<TileA, TileB> warp_tiles{tile_a, tile_b, hi_a, lo_a, hi_b, lo_b, wm * Shape::kWarpRows,
+                                                      wn * Shape::kWarpCols};
+        small_gemm_products_per_fragment<FragA, FragB>(sum, corr, warp_tiles, k_steps);
+      } else {
+        // (Here, not in a function: as one, it spilled in tile 32's K <= 32 kernels.)
+        Acc hh[Shape::kFragsM][Shape::kFragsN];
+        for (int ks = 0; ks < k_steps; ++ks) {
+          const int kk = ks * kFp16KStep;
+          FragA ah[Shape::kFragsM], al[Shape::kFragsM];
 #pragma unroll
           for (int i = 0; i < Shape::kFragsM; ++i) {
-            if (first_of_sum) wmma::fill_fragment(hh[i][j], 0.0f);
-            wmma::mma_sync(hh[i][j], ah[i], bh, hh[i][j]);
-            wmma::mma_sync(corr[i][j], al[i], bh, corr[i][j]);
-            wmma::mma_sync(corr[i][j], ah[i], bl, corr[i][j]);
+            const int off = tile_a.offset(wm * Shape::kWarpRows + 16 * i, kk, tile_a.ld_half());
+            wmma::load_matrix_sync(ah[i], hi_a + off, tile_a.ld_half());
+            wmma::load_matrix_sync(al[i], lo_a + off, tile_a.ld_half());
           }
-        }
-        // The hi*hi sum of 32 k (kFp16HiSumK), or of the last 16, goes into the float32 sum.
-        if (!first_of_sum || ks + 1 == k_steps) {
+          const bool first_of_sum = ks % (kFp16HiSumK / kFp16KStep) == 0;
 #pragma unroll
-          for (int i = 0; i < Shape::kFragsM; ++i) {
+          for (int j = 0; j < Shape::kFragsN; ++j) {
+            FragB bh, bl;
+            const int off = tile_b.offset(wn * Shape::kWarpCols + 16 * j, kk, tile_b.ld_half());
+            wmma::load_matrix_sync(bh, hi_b + off, tile_b.ld_half());
+            wmma::load_matrix_sync(bl, lo_b + off, tile_b.ld_half());
 #pragma unroll
-            for (int j = 0; j < Shape::kFragsN; ++j) {
+            for (int i = 0; i < Shape::kFragsM; ++i) {
+              if (first_of_sum) wmma::fill_fragment(hh[i][j], 0.0f);
+              wmma::mma_sync(hh[i][j], ah[i], bh, hh[i][j]);
+              wmma::mma_sync(corr[i][j], al[i], bh, corr[i][j]);
+              wmma::mma_sync(corr[i][j], ah[i], bl, corr[i][j]);
+            }
+          }
+          // The hi*hi sum of 32 k (kFp16HiSumK), or of the last 16, goes into the float32 sum.
+          if (!first_of_sum || ks + 1 == k_steps) {
 #pragma unroll
-              for (int x = 0; x < Acc::num_elements; ++x) sum[i][j].x[x] += hh[i][j].x[x];
+            for (int i = 0; i < Shape::kFragsM; ++i) {
+#pragma unroll
+              for (int j = 0; j < Shape::kFragsN; ++j) {
+#pragma unroll
+                for (int x = 0; x < Acc::num_elements; ++x) sum[i][j].x[x] += hh[i][j].x[x];
+              }
             }
           }
         }
       }
-      __syncthreads();  // every warp is done with the hi and residual tiles, which the output tile overwrites
+      // Every warp is done with the hi and residual tiles, which the output tile overwrites.
+      if constexpr (kHhPerFragment) {
+        small_shifts = __syncthreads_and(shift[t] >= -kDirectShift && shift[t] <= kDirectShift);
+      } else {
+        __syncthreads();
+      }
 #pragma unroll
       for (int i = 0; i < Shape::kFragsM; ++i) {
 #pragma unroll

@@ -947,14 +947,39 @@ bool small_gemm_dependents_at_exit(std::int64_t blocks, int sm_count, int blocks
   return blocks > sm_count && blocks <= static_cast<std::int64_t>(blocks_per_sm - 1) * sm_count;
 }
 
-template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor>
-void launch_small_gemm_variant(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
-  constexpr auto kernel = corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor>;
-  const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
-  allow_dynamic_smem<kernel>(smem_bytes);
+// The small GEMM's grid: a block per output tile and batch entry, the batch entries beyond kMaxGridYZ looped over.
+template <int kTile>
+dim3 small_gemm_grid(const GemmArgs& args) {
   const std::int64_t tiles = ((args.m + kTile - 1) / kTile) * ((args.n + kTile - 1) / kTile);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
+}
+
+// Whether tile 64's K <= 64 kernel with the hi*hi sums per output fragment (small_gemm_products_per_fragment: five
+// blocks per SM, twice the fragment loads) runs instead of the one with them per k-step (four blocks per SM): where
+// it takes fewer waves of blocks, and at most two. H200, session 89, back to back, us, per k-step -> per fragment,
+// K = 64 / 32 / 16: 600 x 64^3 23.9 -> 20.4 (one wave instead of two), 600 x 64^2 x 16 17.6 -> 11.6, 1300 x 64^3
+// 41.4 -> 39.9 (two instead of three), 1300 x 64^2 x 16 26.8 -> 22.0; on as many waves it was 5-11% slower (2048 x
+// 64^3 56.8 -> 59.6, 520 x 64^3 16.7 -> 18.3, 1 x 64^3 8.3 -> 9.2), and on more than two, fewer waves did not pay
+// at K = 64 (4096 x 64^3 103.6 -> 105.0, 8192 x 64^3 196.1 -> 195.4). TORCH_WMMAE_SMALL_HH_PER_FRAGMENT=1 or 0
+// forces the one or the other (tests). blocks_per_sm_*: how many of each fit on an SM.
+bool small_gemm_hh_per_fragment(std::int64_t blocks, int sm_count, int blocks_per_sm_per_k_step,
+                                int blocks_per_sm_per_fragment) {
+  if (env_is("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT", "0")) return false;
+  if (env_is("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT", "1")) return true;
+  const auto waves = [&](int blocks_per_sm) {
+    const std::int64_t wave = static_cast<std::int64_t>(sm_count) * blocks_per_sm;
+    return (blocks + wave - 1) / wave;
+  };
+  const std::int64_t per_fragment = waves(blocks_per_sm_per_fragment);
+  return per_fragment <= 2 && per_fragment < waves(blocks_per_sm_per_k_step);
+}
+
+template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor, bool kHhPerFragment>
+void launch_small_gemm_variant(const GemmArgs& args, dim3 grid, int sm_count, bool overlap, cudaStream_t stream) {
+  constexpr auto kernel = corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor, kHhPerFragment>;
+  const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
+  allow_dynamic_smem<kernel>(smem_bytes);
   GemmArgs small_args = args;
   small_args.dependents_at_last_piece =
       small_gemm_dependents_at_exit(static_cast<std::int64_t>(grid.x) * grid.y, sm_count,
@@ -962,18 +987,37 @@ void launch_small_gemm_variant(const GemmArgs& args, int sm_count, bool overlap,
   launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, small_args);
 }
 
-// The small GEMM's kernel for the call's tile (small_gemm_tile) and K bucket (small_gemm_k_bucket).
+// The small GEMM's kernel for the call's tile (small_gemm_tile) and K bucket (small_gemm_k_bucket), and for tile 64
+// at K <= 64 its products (small_gemm_hh_per_fragment).
 template <int kTile, bool kARowMajor, bool kBRowMajor>
 void launch_small_gemm_tile(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
+  const dim3 grid = small_gemm_grid<kTile>(args);
   const int bucket = small_gemm_k_bucket(kTile, args.k);
-  if constexpr (kTile != kSmallMaxTile) {  // (tile 64 has no bucket of 32)
+  if constexpr (kTile == kSmallMaxTile) {  // (tile 64 has no bucket of 32)
+    if (bucket == 64) {
+      constexpr auto per_k_step = corrected_gemm_small_kernel<kTile, 64, kARowMajor, kBRowMajor, false>;
+      constexpr auto per_fragment = corrected_gemm_small_kernel<kTile, 64, kARowMajor, kBRowMajor, true>;
+      const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
+      if (small_gemm_hh_per_fragment(static_cast<std::int64_t>(grid.x) * grid.y, sm_count,
+                                     blocks_per_sm<per_k_step>(SmallShape<kTile>::kThreads, smem_bytes),
+                                     blocks_per_sm<per_fragment>(SmallShape<kTile>::kThreads, smem_bytes))) {
+        launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor, true>(args, grid, sm_count, overlap, stream);
+      } else {
+        launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
+      }
+      return;
+    }
+  } else {
     if (bucket == 32) {
-      launch_small_gemm_variant<kTile, 32, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+      launch_small_gemm_variant<kTile, 32, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
       return;
     }
   }
-  if (bucket == 64) launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
-  else launch_small_gemm_variant<kTile, kSmallMaxK, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
+  if (bucket == 64) {
+    launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
+  } else {
+    launch_small_gemm_variant<kTile, kSmallMaxK, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
+  }
 }
 
 // overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
