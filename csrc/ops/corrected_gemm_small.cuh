@@ -57,7 +57,8 @@ struct SmallKBucket {
   // H100/H200 (228 KB of shared memory, 64K registers per SM), blocks per SM at the bucket's largest K:
   // tile 16: 32 (the SM's limit) / 24 (shared memory: 21) / 16 (shared memory: 12); tile 32: 14 / 12 (shared
   // memory: 11) / 8 (shared memory: 6); tile 64: 4 (with kHhPerFragment 5; shared memory: 6) / 3 (shared memory: 3).
-  // Each without spills in its products' loop (results/sass.md); one more block per SM spills for tiles 32 and 64.
+  // Each without spills in its products' loop (results/sass.md; tools/small_gemm_ptxas.sh compiles these kernels
+  // alone in seconds); one more block per SM spills for tiles 32 and 64.
   static constexpr int kBlocksPerSm = kTile == 64   ? (kMaxK == 64 ? (kHhPerFragment ? 5 : 4) : 3)
                                       : kTile == 32 ? (kMaxK == 32 ? 14 : kMaxK == 64 ? 12 : 8)
                                                     : (kMaxK == 32 ? 32 : kMaxK == 64 ? 24 : 16);
