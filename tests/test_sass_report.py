@@ -1,7 +1,8 @@
 """tools/sass_report.py: its reading of cuobjdump's listings on a made-up kernel, and, where the extension was
 built with its sm_90a kernels and the CUDA toolkit is here, what NOTES and README say of the real SASS: the
 wgmma GEMM's stage loop keeps everything in registers (no local memory) wherever it has the whole register
-file (no GPU needed: it reads the binary)."""
+file, and so does the small GEMM's products' loop (no GPU needed: it reads the binary); and, where nvcc is,
+tools/small_gemm_ptxas.sh's registers of tile 64's two small-GEMM kernels."""
 from __future__ import annotations
 
 import glob
@@ -132,3 +133,38 @@ def test_wgmma_stage_loops_do_not_spill():
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
     # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back; tf32: no read-back
     assert checked == {"fp16": 16, "tf32": 8}
+
+
+SMALL_GEMM_KERNEL = re.compile(r"corrected_gemm_small_kernel<(\d+), (\d+), (true|false), (true|false), (true|false)>")
+
+
+def test_small_gemm_product_loops_do_not_spill():
+    """The small GEMM's kernels (every tile, K bucket, layout, and tile 64's two product loops at K <= 64): the loop
+    around their tensor-core products has no local-memory access (a spill there costs on every k-step)."""
+    rows = [r for r in _extension_rows() if r["arch"] == "sm_90a" and SMALL_GEMM_KERNEL.fullmatch(r["kernel"])]
+    for r in rows:
+        assert r["tensor_core"] >= 3 and r["loop"] is not None, r
+        assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its products' loop"
+    # tiles 16 and 32: K buckets 32, 64, 128; tile 64: 64 (two kernels), 128; four layouts each
+    assert len(rows) == 4 * (3 + 3 + 3), [r["kernel"] for r in rows]
+
+
+def test_small_gemm_ptxas_tool_compiles_the_named_kernels():
+    """tools/small_gemm_ptxas.sh compiles the small GEMM's kernels alone and reports ptxas's registers: tile 64's
+    kernel with one hi*hi sum at a time fits five blocks of 128 threads per SM (at most 102 registers), the one
+    per k-step four (128)."""
+    import shutil
+    import subprocess
+
+    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    if not os.path.isfile(nvcc) or shutil.which("c++filt") is None:
+        pytest.skip("needs nvcc and c++filt")
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "small_gemm_ptxas.sh")
+    result = subprocess.run(["bash", tool, "<64, 64, true, false, true>", "<64, 64, true, false, false>"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    registers = {m.group(1): int(m.group(2)) for m in
+                 re.finditer(r"corrected_gemm_small_kernel(<[^>]*>): (\d+) registers", result.stdout)}
+    assert set(registers) == {"<64, 64, true, false, true>", "<64, 64, true, false, false>"}, result.stdout
+    assert registers["<64, 64, true, false, true>"] <= 65536 // (5 * 128), registers
+    assert registers["<64, 64, true, false, false>"] <= 65536 // (4 * 128), registers
