@@ -1371,12 +1371,13 @@ def _hh_per_fragment_expected(blocks: int, sm_count: int) -> bool:
 @pytest.mark.parametrize("method", ["fp16", "auto"])
 @pytest.mark.parametrize("layout", ["a_row_b_col", "a_col_b_row"])
 @pytest.mark.parametrize("k", [64, 33], ids=lambda k: f"k{k}")
-@pytest.mark.parametrize("batch", [1, 600, 1300, 2048], ids=lambda b: f"batch{b}")
+@pytest.mark.parametrize("batch", [1, 600, 700, 1300], ids=lambda b: f"batch{b}")
 def test_small_gemm_tile64_hi_sums_per_fragment_or_per_k_step(gen, monkeypatch, batch, k, layout, method):
     """Tile 64 at K <= 64 has two kernels, the hi*hi sums held per k-step (four blocks per SM) or per output fragment
     (five, twice the fragment loads): the same operations per output in the same order, so the same bits, each
     correct; by default (on H100/H200) the second runs where it takes fewer waves of blocks, at most two
-    (_hh_per_fragment_expected)."""
+    (_hh_per_fragment_expected; on 132 SMs: 600 and 1300 entries, not 1 or 700). (Grids of at most 1300 blocks: the
+    racecheck and initcheck runs take this file whole.)"""
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     a_col, b_col = layout.startswith("a_col"), layout.endswith("b_col")
     a = _strided_matrix(gen, (batch, 64, k), 64 if a_col else k, 0, col_major=a_col)
