@@ -304,6 +304,11 @@ def runs_sm90_gemm(device="cuda") -> bool:
 # The wgmma fp16 kernel's instantiations that read a chunk's partial sums back in one batch (kReadBack).
 READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
 
+# The small GEMM's kernels (corrected_gemm_small.cuh), their template arguments: tile, K bucket, A row-major,
+# B row-major, hi*hi sums per fragment.
+SMALL_GEMM_KERNEL_ARGS = re.compile(
+    r"corrected_gemm_small_kernel<(\d+), (\d+), (true|false), (true|false), (true|false)>")
+
 
 def device_gemm_grid(m: int, n: int, k: int, batch: int = 1, device="cuda") -> list[int]:
     """corrected_matmul's launch grid (_corrected_matmul_grid) on `device`: its SM count and L2 size."""

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, READ_BACK_KERNEL, deterministic, device_gemm_grid, extension_cubin_archs,
-                      extension_has_sm90a_code, launched_kernels, outputs_at_risk, persistent_slots_batch,
-                      poisoned_cuda_pool, profiler_records_kernels, random_tensor, random_tensor_in_layout, rel_err,
-                      requires_cuda, runs_sm90_gemm)
+from conftest import (DEVICES, READ_BACK_KERNEL, SMALL_GEMM_KERNEL_ARGS, deterministic, device_gemm_grid,
+                      extension_cubin_archs, extension_has_sm90a_code, launched_kernels, outputs_at_risk,
+                      persistent_slots_batch, poisoned_cuda_pool, profiler_records_kernels, random_tensor,
+                      random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -1355,7 +1355,6 @@ def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, m
 
 
 SMALL_GEMM_HH_SWITCH = "TORCH_WMMAE_SMALL_HH_PER_FRAGMENT"
-_SMALL_KERNEL_ARGS = re.compile(SMALL_GEMM_KERNEL + r"<(\d+), (\d+), (true|false), (true|false), (true|false)>")
 
 
 def _hh_per_fragment_expected(blocks: int, sm_count: int) -> bool:
@@ -1395,7 +1394,7 @@ def test_small_gemm_tile64_hi_sums_per_fragment_or_per_k_step(gen, monkeypatch, 
         if (props.major, props.minor) == (9, 0):
             expected["default"] = _hh_per_fragment_expected(batch, props.multi_processor_count)
         for switch, per_fragment in expected.items():
-            ran = [m.groups() for name in kernels[switch] for m in [_SMALL_KERNEL_ARGS.search(name)] if m]
+            ran = [m.groups() for name in kernels[switch] for m in [SMALL_GEMM_KERNEL_ARGS.search(name)] if m]
             assert len(ran) == 1 and ran[0][:2] == ("64", "64"), (switch, kernels[switch])
             assert ran[0][4] == ("true" if per_fragment else "false"), (switch, ran)
 

@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 
 import sass_report  # noqa: E402
+from conftest import SMALL_GEMM_KERNEL_ARGS  # noqa: E402
 
 # Two kernels, in the listing format of `cuobjdump -sass` (an address comment, the instruction, an encoding
 # comment): `gemm` has an outer loop (0x0010-0x00b0) around an inner one with the tensor-core instructions
@@ -135,13 +136,10 @@ def test_wgmma_stage_loops_do_not_spill():
     assert checked == {"fp16": 16, "tf32": 8}
 
 
-SMALL_GEMM_KERNEL = re.compile(r"corrected_gemm_small_kernel<(\d+), (\d+), (true|false), (true|false), (true|false)>")
-
-
 def test_small_gemm_product_loops_do_not_spill():
     """The small GEMM's kernels (every tile, K bucket, layout, and tile 64's two product loops at K <= 64): the loop
     around their tensor-core products has no local-memory access (a spill there costs on every k-step)."""
-    rows = [r for r in _extension_rows() if r["arch"] == "sm_90a" and SMALL_GEMM_KERNEL.fullmatch(r["kernel"])]
+    rows = [r for r in _extension_rows() if r["arch"] == "sm_90a" and SMALL_GEMM_KERNEL_ARGS.fullmatch(r["kernel"])]
     for r in rows:
         assert r["tensor_core"] >= 3 and r["loop"] is not None, r
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its products' loop"
