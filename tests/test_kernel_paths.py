@@ -1210,6 +1210,7 @@ def test_corrected_matmul_prepass_many_contiguous_lines(gen, operand, k):
 # corrected_matmul's small GEMM (corrected_gemm_small.cuh): outputs of at most 64 x 64 per batch entry, K <= 128
 # --------------------------------------------------------------------------------------------------------
 SMALL_GEMM_SWITCH = "TORCH_WMMAE_SMALL_GEMM"
+SMALL_TILE_SWITCH = "TORCH_WMMAE_SMALL_TILE"
 SMALL_GEMM_KERNEL = "corrected_gemm_small_kernel"
 
 
@@ -1223,7 +1224,9 @@ def _tile_gemms_unless_asked(monkeypatch):
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
 # takes the small GEMM (else only TORCH_WMMAE_SMALL_GEMM=1 does: outputs of several 64 x 64 tiles). Its tiles are
 # 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
-# K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128).
+# K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128); each case also
+# runs with every tile forced (TORCH_WMMAE_SMALL_TILE), so that tile 64, which the default takes only for grids of
+# more than half as many blocks as SMs, runs every case, and smaller tiles take outputs of several of their tiles.
 SMALL_GEMM_CASES = {
     "k64_one_tile": (((3, 64, 64), 64, 0, False), ((3, 64, 64), 64, 0, False), True),
     "k1": (((2, 9, 1), 1, 0, False), ((2, 1, 12), 12, 0, False), True),
@@ -1250,9 +1253,14 @@ SMALL_GEMM_CASES = {
 }
 
 
-def _small_gemm_tile(m: int, n: int) -> int:
-    """The small GEMM's tile for an m x n output: the smallest of 16, 32 and 64 that holds it (64 beyond)."""
-    return next((tile for tile in (16, 32) if max(m, n) <= tile), 64)
+def _small_gemm_tile(m: int, n: int, k: int, entries: int, sm_count: int) -> int:
+    """The small GEMM's tile for `entries` m x n outputs (small_gemm_tile): the smallest of 16, 32 and 64 that holds
+    one (64 beyond), but 32 instead of 64 where tile 64's blocks would be at most half as many as the SMs, or at K
+    <= 32 at most as many."""
+    if max(m, n) <= 32:
+        return 16 if max(m, n) <= 16 else 32
+    blocks = -(-m // 64) * -(-n // 64) * entries
+    return 32 if 2 * blocks <= sm_count or (k <= 32 and blocks <= sm_count) else 64
 
 
 def _small_gemm_k_bucket(tile: int, k: int) -> int:
@@ -1289,10 +1297,12 @@ def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
     tile (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its tiles that holds the output
-    (16, 32 or 64) and its kernel for the K bucket that holds K, over any strides, offsets and broadcasts; it writes
-    every output (a NaN-poisoned pool) and is correct: within the dot-product bound, and on "wide" inputs
-    (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and float64's NaN and Inf. Its fp16 method
-    gives the tile GEMMs' bits (the same scaling, split and order of tensor-core sums)."""
+    (16, 32 or 64; 32 for a 64 x 64 output on small grids) and its kernel for the K bucket that holds K, over any
+    strides, offsets and broadcasts; it writes every output (a NaN-poisoned pool) and is correct: within the
+    dot-product bound, and on "wide" inputs (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and
+    float64's NaN and Inf. Its fp16 method gives the tile GEMMs' bits (the same scaling, split and order of
+    tensor-core sums), and every tile forced gives the default's bits (auto's wide tiles aside: which outputs
+    share a tile with a line that is not fp16-safe depends on the tile)."""
     (a_shape, a_ld, a_off, a_col), (b_shape, b_ld, b_off, b_col), by_default = SMALL_GEMM_CASES[case]
     a = _strided_matrix(gen, a_shape, a_ld, a_off, col_major=a_col)
     b = _strided_matrix(gen, b_shape, b_ld, b_off, col_major=b_col)
@@ -1304,24 +1314,36 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
         with poisoned_cuda_pool(float("nan")):
             return torch_wmmae.corrected_matmul(a, b, method=method)
 
+    entries = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    sm_count = torch.cuda.get_device_properties(a.device).multi_processor_count
+    monkeypatch.delenv(SMALL_TILE_SWITCH, raising=False)
     outs, kernels = _calls_by_switch(monkeypatch, SMALL_GEMM_SWITCH, ("default", "1", "0"), call)
+    monkeypatch.setenv(SMALL_GEMM_SWITCH, "1")
+    tiles = ("16", "32", "64")
+    forced, forced_kernels = _calls_by_switch(monkeypatch, SMALL_TILE_SWITCH, tiles, call)
     if profiler_records_kernels():
+        for tile in tiles:
+            ran = [name for name in forced_kernels[tile] if "wmmae" in name]
+            bucket = _small_gemm_k_bucket(int(tile), a.shape[-1])
+            assert len(ran) == 1 and f"{SMALL_GEMM_KERNEL}<{tile}, {bucket}," in ran[0], (tile, ran)
         for switch, small in (("default", by_default), ("1", True), ("0", False)):
             ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
             if small:  # one kernel: no pre-pass, workspace zeroing or exit kernels
                 assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], (switch, ran)
-                tile = _small_gemm_tile(a.shape[-2], b.shape[-1])
+                tile = _small_gemm_tile(a.shape[-2], b.shape[-1], a.shape[-1], entries, sm_count)
                 bucket = _small_gemm_k_bucket(tile, a.shape[-1])
                 assert f"{SMALL_GEMM_KERNEL}<{tile}, {bucket}," in ran[0], (switch, tile, bucket, ran)
             else:
                 assert not any(SMALL_GEMM_KERNEL in name for name in ran), (switch, ran)
-    for switch in ("default", "1"):
-        _assert_matmul_on_magnitudes(outs[switch], a, b, magnitudes, method, f"{case} {switch}")
+    for switch, out in [("default", outs["default"]), ("1", outs["1"])] + [(f"tile {t}", forced[t]) for t in tiles]:
+        _assert_matmul_on_magnitudes(out, a, b, magnitudes, method, f"{case} {switch}")
     if by_default:
         torch.testing.assert_close(outs["default"], outs["1"], rtol=0, atol=0, equal_nan=True)
     if method == "fp16" or magnitudes == "normal":  # (auto's wide tiles: float32 FMAs here, tf32 in the tile GEMMs)
         torch.testing.assert_close(outs["1"], outs["0"], rtol=0, atol=0, equal_nan=True,
                                    msg="the fp16 method's bits differ between the small GEMM and the tile GEMMs")
+        for tile in tiles:
+            torch.testing.assert_close(forced[tile], outs["1"], rtol=0, atol=0, equal_nan=True, msg=f"tile {tile}")
 
 
 @requires_cuda
@@ -1332,7 +1354,9 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
 def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, monkeypatch, a_col, b_col, m, n, k):
     """auto in the small GEMM: a tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf;
     a row with a NaN) is computed with one float32 fused multiply-add per product in k order (those bits, exactly:
-    _fma_sequence_reference), the other tiles of the call with the fp16 method's bits."""
+    _fma_sequence_reference), the other tiles of the call with the fp16 method's bits: with the default tile
+    (_small_gemm_tile: 32 for the 40 x 56 outputs of these six entries) and with each tile forced, the outputs of
+    a planted line's tile and no others."""
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     batch = 6
     a = random_tensor_in_layout((batch, m, k), a_col, gen, "cuda")
@@ -1340,47 +1364,65 @@ def test_small_gemm_auto_takes_float32_fmas_where_a_line_is_not_fp16_safe(gen, m
     a[1, 7, 1], a[1, 7, 2] = 2.0**30, 2.0**-30  # entry 1: a row spanning 2^60
     b[3, 5, 9] = float("inf")                   # entry 3: an Inf
     a[4, m - 1, k - 1] = float("nan")           # entry 4: a NaN
+    monkeypatch.delenv(SMALL_TILE_SWITCH, raising=False)
     with deterministic():
-        auto = torch_wmmae.corrected_matmul(a, b, method="auto")
         fp16 = torch_wmmae.corrected_matmul(a, b, method="fp16")
-    wide = [1, 3, 4]
-    for z in range(batch):
-        if z in wide:
-            torch.testing.assert_close(auto[z].cpu(), _fma_sequence_reference(a[z], b[z]), rtol=0, atol=0,
-                                       equal_nan=True, msg=f"entry {z}")
+    fma = {z: _fma_sequence_reference(a[z], b[z]) for z in (1, 3, 4)}
+    sm_count = torch.cuda.get_device_properties(a.device).multi_processor_count
+    for forced in ("default", "16", "32", "64"):
+        if forced == "default":
+            monkeypatch.delenv(SMALL_TILE_SWITCH, raising=False)
+            tile = _small_gemm_tile(m, n, k, batch, sm_count)
         else:
-            assert torch.equal(auto[z], fp16[z]), f"entry {z}"
-    assert not torch.equal(auto[1], fp16[1])  # (else the test could not tell the paths apart)
-    assert_matmul_within_dot_product_bound(auto[[0, 2, 5]], a[[0, 2, 5]], b[[0, 2, 5]], "fp16-safe entries")
+            monkeypatch.setenv(SMALL_TILE_SWITCH, forced)
+            tile = int(forced)
+        with deterministic():
+            auto = torch_wmmae.corrected_matmul(a, b, method="auto").cpu()
+        expected = fp16.cpu()
+        rows = lambda r: slice(r // tile * tile, r // tile * tile + tile)  # a line's tile of outputs
+        expected[1, rows(7)], expected[4, rows(m - 1)] = fma[1][rows(7)], fma[4][rows(m - 1)]
+        expected[3, :, rows(9)] = fma[3][:, rows(9)]
+        torch.testing.assert_close(auto, expected, rtol=0, atol=0, equal_nan=True, msg=f"tile {forced}")
+    assert not torch.equal(fma[1], fp16[1].cpu())  # (else the test could not tell the paths apart)
+    assert_matmul_within_dot_product_bound(fp16[[0, 2, 5]], a[[0, 2, 5]], b[[0, 2, 5]], "fp16-safe entries")
 
 
 SMALL_GEMM_HH_SWITCH = "TORCH_WMMAE_SMALL_HH_PER_FRAGMENT"
 
 
-def _hh_per_fragment_expected(blocks: int, sm_count: int) -> bool:
-    """small_gemm_hh_per_fragment on H100/H200, where tile 64's K <= 64 kernels fit four (hi*hi sums per k-step) and
-    five (per fragment) blocks per SM (their launch bounds; shared memory allows six): the second where it takes
-    fewer waves of blocks, and at most two."""
+def _hh_per_fragment_expected(tile: int, blocks: int, k: int, sm_count: int) -> bool:
+    """small_gemm_hh_per_fragment on H100/H200, where the launch bounds fit tile 64's K <= 64 kernels four (hi*hi sums
+    per k-step) and five (per fragment) blocks per SM, tile 32's K <= 32 kernels fourteen and sixteen (shared memory
+    allows more): the second where it takes fewer waves of blocks, and at K > 32 at most two."""
+    per_k_step, per_fragment = (4, 5) if tile == 64 else (14, 16)
     waves = lambda per_sm: -(-blocks // (per_sm * sm_count))
-    return waves(5) <= 2 and waves(5) < waves(4)
+    return waves(per_fragment) < waves(per_k_step) and (waves(per_fragment) <= 2 or k <= 32)
+
+
+# (tile, batch, k): on 132 SMs, tile 64 (five blocks per SM or four) at 100 entries one wave either way, 600 one
+# wave instead of two, 700 two either way, 1300 two instead of three, 1600 at K = 32 three instead of four; tile 32
+# (sixteen or fourteen) at 1000 one wave either way, 2000 one instead of two, 2200 two either way. (Grids of at
+# most 2200 blocks: the racecheck and initcheck runs take this file whole.)
+HH_PER_FRAGMENT_CASES = [(64, 100, 64), (64, 100, 33), (64, 600, 64), (64, 600, 33), (64, 700, 64), (64, 700, 33),
+                         (64, 1300, 64), (64, 1300, 33), (64, 1600, 32), (64, 1600, 64), (32, 1000, 32),
+                         (32, 2000, 32), (32, 2000, 17), (32, 2200, 32)]
 
 
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["fp16", "auto"])
 @pytest.mark.parametrize("layout", ["a_row_b_col", "a_col_b_row"])
-@pytest.mark.parametrize("k", [64, 33], ids=lambda k: f"k{k}")
-@pytest.mark.parametrize("batch", [1, 600, 700, 1300], ids=lambda b: f"batch{b}")
-def test_small_gemm_tile64_hi_sums_per_fragment_or_per_k_step(gen, monkeypatch, batch, k, layout, method):
-    """Tile 64 at K <= 64 has two kernels, the hi*hi sums held per k-step (four blocks per SM) or per output fragment
-    (five, twice the fragment loads): the same operations per output in the same order, so the same bits, each
-    correct; by default (on H100/H200) the second runs where it takes fewer waves of blocks, at most two
-    (_hh_per_fragment_expected; on 132 SMs: 600 and 1300 entries, not 1 or 700). (Grids of at most 1300 blocks: the
-    racecheck and initcheck runs take this file whole.)"""
+@pytest.mark.parametrize("tile,batch,k", HH_PER_FRAGMENT_CASES, ids=lambda x: str(x))
+def test_small_gemm_hi_sums_per_fragment_or_per_k_step(gen, monkeypatch, tile, batch, k, layout, method):
+    """Tile 64 at K <= 64 and tile 32 at K <= 32 have two kernels each, the hi*hi sums held per k-step or per output
+    fragment (more blocks per SM, more fragment loads): the same operations per output in the same order, so the
+    same bits, each correct; by default (on H100/H200) the second runs where it takes fewer waves of blocks, at K >
+    32 at most two (_hh_per_fragment_expected)."""
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
+    monkeypatch.delenv(SMALL_TILE_SWITCH, raising=False)
     a_col, b_col = layout.startswith("a_col"), layout.endswith("b_col")
-    a = _strided_matrix(gen, (batch, 64, k), 64 if a_col else k, 0, col_major=a_col)
-    b = _strided_matrix(gen, (batch, k, 64), k if b_col else 64, 0, col_major=b_col)
+    a = _strided_matrix(gen, (batch, tile, k), tile if a_col else k, 0, col_major=a_col)
+    b = _strided_matrix(gen, (batch, k, tile), k if b_col else tile, 0, col_major=b_col)
     a[:, ::7] *= 2.0**24  # rows and columns far from 1, which the lines' powers of two bring into fp16's range
     b[..., ::5] *= 2.0**-30
     call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
@@ -1390,12 +1432,14 @@ def test_small_gemm_tile64_hi_sums_per_fragment_or_per_k_step(gen, monkeypatch, 
         assert torch.equal(outs[switch], outs["1"]), switch
     if profiler_records_kernels():
         props = torch.cuda.get_device_properties(a.device)
+        sm_count = props.multi_processor_count
+        assert _small_gemm_tile(tile, tile, k, batch, sm_count) == tile  # (else the case would test another tile)
         expected = {"1": True, "0": False}
         if (props.major, props.minor) == (9, 0):
-            expected["default"] = _hh_per_fragment_expected(batch, props.multi_processor_count)
+            expected["default"] = _hh_per_fragment_expected(tile, batch, k, sm_count)
         for switch, per_fragment in expected.items():
             ran = [m.groups() for name in kernels[switch] for m in [SMALL_GEMM_KERNEL_ARGS.search(name)] if m]
-            assert len(ran) == 1 and ran[0][:2] == ("64", "64"), (switch, kernels[switch])
+            assert len(ran) == 1 and ran[0][:2] == (str(tile), str(_small_gemm_k_bucket(tile, k))), (switch, ran)
             assert ran[0][4] == ("true" if per_fragment else "false"), (switch, ran)
 
 

@@ -143,14 +143,15 @@ def test_small_gemm_product_loops_do_not_spill():
     for r in rows:
         assert r["tensor_core"] >= 3 and r["loop"] is not None, r
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its products' loop"
-    # tiles 16 and 32: K buckets 32, 64, 128; tile 64: 64 (two kernels), 128; four layouts each
-    assert len(rows) == 4 * (3 + 3 + 3), [r["kernel"] for r in rows]
+    # tile 16: K buckets 32, 64, 128; tile 32: 32 (two kernels), 64, 128; tile 64: 64 (two kernels), 128; four
+    # layouts each
+    assert len(rows) == 4 * (3 + 4 + 3), [r["kernel"] for r in rows]
 
 
 def test_small_gemm_ptxas_tool_compiles_the_named_kernels():
-    """tools/small_gemm_ptxas.sh compiles the small GEMM's kernels alone and reports ptxas's registers: tile 64's
-    kernel with one hi*hi sum at a time fits five blocks of 128 threads per SM (at most 102 registers), the one
-    per k-step four (128)."""
+    """tools/small_gemm_ptxas.sh compiles the small GEMM's kernels alone and reports ptxas's registers: the kernels
+    with one hi*hi sum at a time fit the blocks per SM of their launch bounds, tile 64's five of 128 threads (at most
+    102 registers) and tile 32's sixteen of 64 (64), the ones per k-step four (128) and fourteen (73)."""
     import shutil
     import subprocess
 
@@ -158,11 +159,13 @@ def test_small_gemm_ptxas_tool_compiles_the_named_kernels():
     if not os.path.isfile(nvcc) or shutil.which("c++filt") is None:
         pytest.skip("needs nvcc and c++filt")
     tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "small_gemm_ptxas.sh")
-    result = subprocess.run(["bash", tool, "<64, 64, true, false, true>", "<64, 64, true, false, false>"],
-                            capture_output=True, text=True, timeout=600)
+    # kernel: (threads per block, blocks per SM)
+    bounds = {"<64, 64, true, false, true>": (128, 5), "<64, 64, true, false, false>": (128, 4),
+              "<32, 32, false, true, true>": (64, 16), "<32, 32, false, true, false>": (64, 14)}
+    result = subprocess.run(["bash", tool, *bounds], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     registers = {m.group(1): int(m.group(2)) for m in
                  re.finditer(r"corrected_gemm_small_kernel(<[^>]*>): (\d+) registers", result.stdout)}
-    assert set(registers) == {"<64, 64, true, false, true>", "<64, 64, true, false, false>"}, result.stdout
-    assert registers["<64, 64, true, false, true>"] <= 65536 // (5 * 128), registers
-    assert registers["<64, 64, true, false, false>"] <= 65536 // (4 * 128), registers
+    assert set(registers) == set(bounds), result.stdout
+    for kernel, (threads, blocks) in bounds.items():
+        assert registers[kernel] <= 65536 // (threads * blocks), (kernel, registers)

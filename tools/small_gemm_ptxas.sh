@@ -21,7 +21,7 @@ if [ ${#args[@]} -eq 0 ]; then  # the kernels launch_small_gemm_tile picks from
     [ $t = 64 ] && [ $k = 32 ] && continue
     for a in true false; do for b in true false; do
       args+=("<$t, $k, $a, $b, false>")
-      [ $t = 64 ] && [ $k = 64 ] && args+=("<$t, $k, $a, $b, true>")
+      { [ $t = 64 ] && [ $k = 64 ]; } || { [ $t = 32 ] && [ $k = 32 ]; } && args+=("<$t, $k, $a, $b, true>")
     done; done
   done; done
 fi

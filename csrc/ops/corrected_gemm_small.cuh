@@ -1,5 +1,6 @@
 // The GEMM of small products (small_gemm_applies in corrected_matmul_cuda.cu): square output tiles of 64, 32 or 16
-// (the smallest that holds a batch entry's output: small_gemm_tile) of a K that fits in shared memory whole
+// (the smallest that holds a batch entry's output, or 32 for few of them: small_gemm_tile) of a K that fits in
+// shared memory whole
 // (K <= kSmallMaxK), one block of 2 x tile threads per tile and batch entry, many blocks per SM (a kernel per tile
 // and K bucket, SmallKBucket: fewer registers at a smaller K). The 128x128 tiles of the other GEMMs waste three
 // quarters of their work on a 64x64 output and wait, one tile after the other, on each tile's fixed latencies (line
@@ -14,7 +15,8 @@
 // - auto where a line is not fp16-safe (a wide range of magnitudes, an Inf or a NaN): one float32 fused
 //   multiply-add per product in k order, as torch.matmul computes it: float32's accuracy over float32's whole
 //   range, and Inf and NaN as float32 gives them.
-// Every output is a sum over k alone, in the same order whatever the tile: the tile sizes give the same bits.
+// Every output is a sum over k alone, in the same order whatever the tile: the tile sizes give the same bits (but for
+// auto's tiles that take float32 FMAs, whose extent depends on the tile).
 // Included by corrected_matmul_cuda.cu after GemmArgs and the helpers it shares with the other GEMMs.
 #pragma once
 
@@ -43,24 +45,27 @@ struct SmallShape {
 // 64 the registers, not shared memory, limited them (ncu, session 88: 16 warps per SM of tiles 16 and 32, 12 of tile
 // 64). Tiles 16 and 32 are built for K of at most 32, 64 and kSmallMaxK; tile 64 for K of at most 64 and kSmallMaxK
 // (its three sets of accumulators take 96 registers: at K <= 32 too, a fifth block per SM would spill). Tile 64 at
-// K <= 64 has a second kernel, kHhPerFragment (small_gemm_products_per_fragment), whose fewer registers allow five
-// blocks per SM: the host picks it where that takes fewer waves (small_gemm_hh_per_fragment).
+// K <= 64 and tile 32 at K <= 32 have a second kernel, kHhPerFragment (small_gemm_products_per_fragment), whose
+// fewer registers allow five and sixteen blocks per SM: the host picks it where that takes fewer waves
+// (small_gemm_hh_per_fragment).
 template <int kTile, int kMaxK, bool kHhPerFragment = false>
 struct SmallKBucket {
   static_assert(kMaxK == 32 || kMaxK == 64 || kMaxK == kSmallMaxK, "small GEMM K buckets: 32, 64 or kSmallMaxK");
   static_assert(kTile != kSmallMaxTile || kMaxK != 32, "tile 64: K buckets 64 and kSmallMaxK");
-  static_assert(!kHhPerFragment || (kTile == kSmallMaxTile && kMaxK == 64),
-                "the hi*hi sums per fragment: tile 64, K <= 64");
+  // Whether the bucket has a kernel with kHhPerFragment.
+  static constexpr bool kHasHhPerFragment = (kTile == kSmallMaxTile && kMaxK == 64) || (kTile == 32 && kMaxK == 32);
+  static_assert(!kHhPerFragment || kHasHhPerFragment, "the hi*hi sums per fragment: tile 64 at K <= 64, 32 at K <= 32");
   static constexpr int kMaxChunks = kMaxK / 8;
   static_assert(kMaxK % 16 == 0 && kMaxChunks * 4 * SmallShape<kTile>::kThreads == kTile * kMaxK,
                 "SmallChunks' chunks of each thread");
   // H100/H200 (228 KB of shared memory, 64K registers per SM), blocks per SM at the bucket's largest K:
-  // tile 16: 32 (the SM's limit) / 24 (shared memory: 21) / 16 (shared memory: 12); tile 32: 14 / 12 (shared
-  // memory: 11) / 8 (shared memory: 6); tile 64: 4 (with kHhPerFragment 5; shared memory: 6) / 3 (shared memory: 3).
+  // tile 16: 32 (the SM's limit) / 24 (shared memory: 21) / 16 (shared memory: 12); tile 32: 14 (with kHhPerFragment
+  // 16) / 12 (shared memory: 11) / 8 (shared memory: 6); tile 64: 4 (with kHhPerFragment 5; shared memory: 6) / 3
+  // (shared memory: 3).
   // Each without spills in its products' loop (results/sass.md; tools/small_gemm_ptxas.sh compiles these kernels
   // alone in seconds); one more block per SM spills for tiles 32 and 64.
   static constexpr int kBlocksPerSm = kTile == 64   ? (kMaxK == 64 ? (kHhPerFragment ? 5 : 4) : 3)
-                                      : kTile == 32 ? (kMaxK == 32 ? 14 : kMaxK == 64 ? 12 : 8)
+                                      : kTile == 32 ? (kMaxK == 32 ? (kHhPerFragment ? 16 : 14) : kMaxK == 64 ? 12 : 8)
                                                     : (kMaxK == 32 ? 32 : kMaxK == 64 ? 24 : 16);
 };
 
@@ -257,8 +262,9 @@ struct SmallWarpTiles {
 
 // A warp's fp16 products over K, as the kernel's loop over k-steps computes them (each output fragment's operations
 // in the same order: the same bits), but per 32 k (kFp16HiSumK) one output fragment after the other, so that one
-// hi*hi sum is held instead of one per output fragment (tile 64, four fragments per warp: 93-96 registers, not 128),
-// at the cost of loading each A and B fragment once per output fragment (twice the loads from shared memory).
+// hi*hi sum is held instead of one per output fragment (tile 64, four fragments per warp: 93-96 registers, not 128;
+// tile 32 at K <= 32, two: 61-64, not 71-72), at the cost of loading each A and B fragment once per output fragment
+// (tile 64: twice the loads from shared memory; tile 32: a third more).
 template <class FragA, class FragB, class Acc, int kFragsM, int kFragsN, class TileA, class TileB>
 __device__ __forceinline__ void small_gemm_products_per_fragment(Acc (&sum)[kFragsM][kFragsN],
                                                                  Acc (&corr)[kFragsM][kFragsN],
@@ -296,7 +302,7 @@ __device__ __forceinline__ void small_gemm_products_per_fragment(Acc (&sum)[kFra
 }
 
 // kMaxK: the largest K the kernel takes (its K bucket, SmallKBucket). kHhPerFragment: the products of
-// small_gemm_products_per_fragment (tile 64, K <= 64), else the loop over k-steps below.
+// small_gemm_products_per_fragment (SmallKBucket::kHasHhPerFragment), else the loop over k-steps below.
 template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor, bool kHhPerFragment>
 __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
                                   (SmallKBucket<kTile, kMaxK, kHhPerFragment>::kBlocksPerSm))

@@ -927,10 +927,27 @@ bool small_gemm_applies(const GemmArgs& args) {
 }
 
 // The small GEMM's tile: the smallest of 16, 32 and 64 that holds a batch entry's output (64 for larger ones), so
-// that a block's copies, folds and products are of that output's lines and not of a 64x64 tile's.
-int small_gemm_tile(const GemmArgs& args) {
+// that a block's copies, folds and products are of that output's lines and not of a 64x64 tile's; but 32 instead
+// of 64 where tile 64's grid would leave at least half of the SMs without a block, or at K <= 32 (where tile 32 has
+// a kernel of fewer registers, tile 64 none) would leave any: four blocks of a quarter of the outputs each then
+// shorten the call, which is one block's latency. H200 (132 SMs), session 90, back to back, us, tile 64 -> 32: 1 x
+// 64^3 8.3 -> 6.9, 16 x 64^3 8.4 -> 7.0, 66 x 64^3 8.5 -> 7.8, 1 x 64^2 x 128 10.6 -> 8.6, 66 x 64^2 x 128 11.0 ->
+// 10.3, 66 x 50 x 61 x 47 10.7 -> 10.3, 100 x 64^2 x 32 7.9 -> 7.0, 132 x 64^2 x 32 8.1 -> 7.4; about even at 80
+// and 100 x 64^3 (8.6, 8.8 either way); on larger grids tile 64: 120 x 64^3 9.0 -> 9.3, 132 x 64^3 9.1 -> 9.4, 100 x
+// 64^2 x 128 12.0 -> 13.3, 100 x 50 x 61 x 47 10.8 -> 11.2, 200 x 64^2 x 32 8.8 -> 9.0, 600 x 64^2 x 32 14.7 ->
+// 19.5. Tile 16 gained nothing over 32 (1 x 64^3 7.0, 1 x 32^3 5.8 against 5.9). Every tile gives the same bits
+// (but for auto's tiles of float32 FMAs, whose extent is the tile's). TORCH_WMMAE_SMALL_TILE=16, 32 or 64 forces
+// that tile, whatever the output (tests).
+int small_gemm_tile(const GemmArgs& args, int sm_count) {
+  for (const int tile : {16, 32, kSmallMaxTile}) {
+    if (env_is("TORCH_WMMAE_SMALL_TILE", std::to_string(tile).c_str())) return tile;
+  }
   const std::int64_t extent = std::max(args.m, args.n);
-  return extent <= 16 ? 16 : extent <= 32 ? 32 : kSmallMaxTile;
+  if (extent <= 16) return 16;
+  if (extent <= 32) return 32;
+  const auto tiles_of = [](std::int64_t extent) { return (extent + kSmallMaxTile - 1) / kSmallMaxTile; };
+  const std::int64_t blocks = tiles_of(args.m) * tiles_of(args.n) * args.num_batches;  // of tile 64
+  return blocks * 2 <= sm_count || (args.k <= 32 && blocks <= sm_count) ? 32 : kSmallMaxTile;
 }
 
 // Whether the small GEMM lets the next call's first kernel launch only as each of its blocks exits
@@ -955,15 +972,21 @@ dim3 small_gemm_grid(const GemmArgs& args) {
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
 }
 
-// Whether tile 64's K <= 64 kernel with the hi*hi sums per output fragment (small_gemm_products_per_fragment: five
-// blocks per SM, twice the fragment loads) runs instead of the one with them per k-step (four blocks per SM): where
-// it takes fewer waves of blocks, and at most two. H200, session 89, back to back, us, per k-step -> per fragment,
-// K = 64 / 32 / 16: 600 x 64^3 23.9 -> 20.4 (one wave instead of two), 600 x 64^2 x 16 17.6 -> 11.6, 1300 x 64^3
-// 41.4 -> 39.9 (two instead of three), 1300 x 64^2 x 16 26.8 -> 22.0; on as many waves it was 5-11% slower (2048 x
-// 64^3 56.8 -> 59.6, 520 x 64^3 16.7 -> 18.3, 1 x 64^3 8.3 -> 9.2), and on more than two, fewer waves did not pay
-// at K = 64 (4096 x 64^3 103.6 -> 105.0, 8192 x 64^3 196.1 -> 195.4). TORCH_WMMAE_SMALL_HH_PER_FRAGMENT=1 or 0
-// forces the one or the other (tests). blocks_per_sm_*: how many of each fit on an SM.
-bool small_gemm_hh_per_fragment(std::int64_t blocks, int sm_count, int blocks_per_sm_per_k_step,
+// Whether the kernel with the hi*hi sums per output fragment (small_gemm_products_per_fragment: tile 64 at K <= 64,
+// five blocks per SM instead of four; tile 32 at K <= 32, sixteen instead of fourteen; more fragment loads) runs
+// instead of the one with them per k-step: where it takes fewer waves of blocks, and at K > 32 at most two. H200,
+// back to back, us, per k-step -> per fragment. Session 89, tile 64, K = 64 / 32 / 16: 600 x 64^3 23.9 -> 20.4 (one
+// wave instead of two), 600 x 64^2 x 16 17.6 -> 11.6, 1300 x 64^3 41.4 -> 39.9 (two instead of three), 1300 x 64^2 x
+// 16 26.8 -> 22.0; on more than two waves, fewer paid at K = 32 (4096 x 64^2 x 32 82.6 -> 79.8, 2640 x 64^2 x 32
+// 54.7 -> 52.0, 8192 x 64^2 x 32 159.4 -> 149.4) but not at K = 64 (4096 x 64^3 103.6 -> 105.0, 2640 x 64^3 69.8 ->
+// 70.6); session 90, tile 64 at K <= 32 on more than two: 3000 x 64^2 x 32 63.2 -> 60.3, 6000 x 64^2 x 16 104.8 ->
+// 97.0, 1600 x 64^2 x 32 38.8 -> 36.6 (and 1600 x 64^3 47.1 -> 48.9); tile 32: 2000 x 32^3 18.8 -> 16.7, 2000 x
+// 32^2 x 16 15.4 -> 13.3, 2000 x 24 x 30 x 20 16.7 -> 14.6, 3800 x 32^3 28.5 -> 27.6, 8192 x 32^3 52.6 -> 51.0,
+// 6000 x 32^3 40.5 -> 39.1, 12000 x 32^2 x 16 62.7 -> 59.6. On as many waves it was up to 11% slower (tile 64:
+// 2048 x 64^3 56.8 -> 59.6, 520 x 64^3 16.7 -> 18.3; tile 32: 2200 x 32^3 19.3 -> 20.2, 1848 x 32^3 14.9 -> 15.1).
+// TORCH_WMMAE_SMALL_HH_PER_FRAGMENT=1 or 0 forces the one or the other (tests). blocks_per_sm_*: how many of each
+// fit on an SM.
+bool small_gemm_hh_per_fragment(std::int64_t blocks, std::int64_t k, int sm_count, int blocks_per_sm_per_k_step,
                                 int blocks_per_sm_per_fragment) {
   if (env_is("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT", "0")) return false;
   if (env_is("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT", "1")) return true;
@@ -972,7 +995,7 @@ bool small_gemm_hh_per_fragment(std::int64_t blocks, int sm_count, int blocks_pe
     return (blocks + wave - 1) / wave;
   };
   const std::int64_t per_fragment = waves(blocks_per_sm_per_fragment);
-  return per_fragment <= 2 && per_fragment < waves(blocks_per_sm_per_k_step);
+  return per_fragment < waves(blocks_per_sm_per_k_step) && (per_fragment <= 2 || k <= 32);
 }
 
 template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor, bool kHhPerFragment>
@@ -987,44 +1010,39 @@ void launch_small_gemm_variant(const GemmArgs& args, dim3 grid, int sm_count, bo
   launch_kernel(kernel, grid, dim3(SmallShape<kTile>::kThreads), smem_bytes, stream, overlap, small_args);
 }
 
-// The small GEMM's kernel for the call's tile (small_gemm_tile) and K bucket (small_gemm_k_bucket), and for tile 64
-// at K <= 64 its products (small_gemm_hh_per_fragment).
+// The small GEMM's kernel for the call's tile (small_gemm_tile) and K bucket (small_gemm_k_bucket), and where the
+// bucket has two (SmallKBucket::kHasHhPerFragment), its products (small_gemm_hh_per_fragment).
 template <int kTile, bool kARowMajor, bool kBRowMajor>
 void launch_small_gemm_tile(const GemmArgs& args, int sm_count, bool overlap, cudaStream_t stream) {
   const dim3 grid = small_gemm_grid<kTile>(args);
-  const int bucket = small_gemm_k_bucket(kTile, args.k);
-  if constexpr (kTile == kSmallMaxTile) {  // (tile 64 has no bucket of 32)
-    if (bucket == 64) {
-      constexpr auto per_k_step = corrected_gemm_small_kernel<kTile, 64, kARowMajor, kBRowMajor, false>;
-      constexpr auto per_fragment = corrected_gemm_small_kernel<kTile, 64, kARowMajor, kBRowMajor, true>;
+  const auto launch_bucket = [&](auto max_k) {
+    constexpr int kMaxK = decltype(max_k)::value;
+    if constexpr (SmallKBucket<kTile, kMaxK>::kHasHhPerFragment) {
+      constexpr auto per_k_step = corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor, false>;
+      constexpr auto per_fragment = corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor, true>;
       const std::size_t smem_bytes = small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(args.k);
-      if (small_gemm_hh_per_fragment(static_cast<std::int64_t>(grid.x) * grid.y, sm_count,
+      if (small_gemm_hh_per_fragment(static_cast<std::int64_t>(grid.x) * grid.y, args.k, sm_count,
                                      blocks_per_sm<per_k_step>(SmallShape<kTile>::kThreads, smem_bytes),
                                      blocks_per_sm<per_fragment>(SmallShape<kTile>::kThreads, smem_bytes))) {
-        launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor, true>(args, grid, sm_count, overlap, stream);
-      } else {
-        launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
+        launch_small_gemm_variant<kTile, kMaxK, kARowMajor, kBRowMajor, true>(args, grid, sm_count, overlap, stream);
+        return;
       }
-      return;
     }
-  } else {
-    if (bucket == 32) {
-      launch_small_gemm_variant<kTile, 32, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
-      return;
-    }
+    launch_small_gemm_variant<kTile, kMaxK, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
+  };
+  const int bucket = small_gemm_k_bucket(kTile, args.k);
+  if constexpr (kTile != kSmallMaxTile) {  // (tile 64 has no bucket of 32)
+    if (bucket == 32) return launch_bucket(std::integral_constant<int, 32>{});
   }
-  if (bucket == 64) {
-    launch_small_gemm_variant<kTile, 64, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
-  } else {
-    launch_small_gemm_variant<kTile, kSmallMaxK, kARowMajor, kBRowMajor, false>(args, grid, sm_count, overlap, stream);
-  }
+  if (bucket == 64) return launch_bucket(std::integral_constant<int, 64>{});
+  launch_bucket(std::integral_constant<int, kSmallMaxK>{});
 }
 
 // overlap: launched to overlap the kernel before it on the stream (programmatic dependent launch), which the
 // kernel waits for before it reads or writes anything, as the tile GEMMs' first kernel does.
 void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major, int sm_count, bool overlap,
                        cudaStream_t stream) {
-  const int tile = small_gemm_tile(args);
+  const int tile = small_gemm_tile(args, sm_count);
   with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
     constexpr bool kARowMajor = decltype(a_row)::value, kBRowMajor = decltype(b_row)::value;
     if (tile == 16) launch_small_gemm_tile<16, kARowMajor, kBRowMajor>(args, sm_count, overlap, stream);
