@@ -20,11 +20,13 @@ from common import header, loop_ms, median_ms, rotating_operands, write_results
 # the batched shapes of the main benchmark and the notes, and batched products with a short K (64 or 32,
 # e.g. attention's head dimension), where each tile's fixed costs outweigh its products; and outputs of at most
 # 64 x 64 per entry, which the small GEMM computes (corrected_gemm_small.cuh), among them grids of one or two waves
-# of tile 64 that its kernel with five blocks per SM takes (small_gemm_hh_per_fragment).
+# of tile 64 and tile 32 that their kernels with more blocks per SM take (small_gemm_hh_per_fragment), and grids of
+# few 64 x 64 outputs, which tile 32 takes (small_gemm_tile).
 SHAPES = [(1, 128, 1024, 4096), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048), (256, 128, 128, 128),
           (8, 1024, 1024, 1024), (64, 512, 512, 512), (512, 128, 128, 64), (512, 128, 128, 32),
           (32, 512, 512, 64), (64, 1024, 1024, 64), (64, 1024, 1024, 32), (2048, 64, 64, 64), (2048, 64, 64, 128),
-          (8192, 32, 32, 32), (16384, 16, 16, 16), (1, 64, 64, 64), (600, 64, 64, 64), (1300, 64, 64, 32)]
+          (8192, 32, 32, 32), (16384, 16, 16, 16), (1, 64, 64, 64), (600, 64, 64, 64), (1300, 64, 64, 32),
+          (2000, 32, 32, 32), (100, 64, 64, 32)]
 COLUMNS = ["m", "n", "k", "batch", "method", "loop_us", "per_call_us", "fp32_loop_us", "loop_speedup_vs_fp32"]
 
 
