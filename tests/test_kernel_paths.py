@@ -963,7 +963,7 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
     overlap the kernel before it, like a call's first kernel), their tf32 steps the tile GEMMs; on H100/H200 the
     partial wave's grid (200 blocks, 4 per SM) lets the next step launch only as its blocks exit, the others (600
     blocks of tile 64, 5 per SM with the hi*hi sums per fragment on 132 SMs: small_gemm_hh_per_fragment; 2000 of
-    tile 32) once their blocks have waited for the step before (small_gemm_dependents_at_exit)."""
+    tile 32, 16 per SM likewise) once their blocks have waited for the step before (small_gemm_dependents_at_exit)."""
     if n <= 64:
         monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     unit = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the magnitudes)
