@@ -3,6 +3,8 @@
 # registers and spill bytes per kernel: about 45 s on 2 cores instead of a whole build, no GPU.
 #   bash tools/small_gemm_ptxas.sh                  # every instantiation the host launches
 #   bash tools/small_gemm_ptxas.sh "<64, 64, true, true, true>" ...   # the named ones (template arguments)
+#   SMALL_GEMM_CUBIN=/tmp/small.cubin bash tools/small_gemm_ptxas.sh    # also keep the cubin, e.g. for
+#       python tools/sass_report.py /tmp/small.cubin   (local memory in the products' loops, without a build)
 # Needs torch (its headers) and nvcc ($CUDA_HOME or /usr/local/cuda). The translation unit, in a temporary folder
 # (not in csrc, where a build would pick it up), is corrected_matmul_cuda.cu up to its include of
 # corrected_gemm_small.cuh, plus explicit instantiations; nvcc's flags are the build's that matter to ptxas (torch
@@ -35,7 +37,7 @@ paths = c.include_paths(device_type='cuda') + [sysconfig.get_paths()['include']]
 print(' '.join('-I' + p for p in paths))" 2>/dev/null)
 # shellcheck disable=SC2086
 "$nvcc" -O3 -std=c++17 -DWMMAE_WITH_CUDA -DWMMAE_HAS_SM90A -gencode arch=compute_90a,code=sm_90a \
-  --expt-relaxed-constexpr -Icsrc -Icsrc/ops $includes -cubin -o /dev/null "$src" -Xptxas -v 2>&1 | python3 -c '
+  --expt-relaxed-constexpr -Icsrc -Icsrc/ops $includes -cubin -o "${SMALL_GEMM_CUBIN:-/dev/null}" "$src" -Xptxas -v 2>&1 | python3 -c '
 import re, subprocess, sys
 name, spill, log, found = None, "", [], 0
 for line in sys.stdin:
