@@ -926,6 +926,11 @@ bool small_gemm_applies(const GemmArgs& args) {
   return env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile);
 }
 
+// The small GEMM's output tiles of `tile` per batch entry.
+std::int64_t small_gemm_tiles(const GemmArgs& args, int tile) {
+  return ((args.m + tile - 1) / tile) * ((args.n + tile - 1) / tile);
+}
+
 // The small GEMM's tile: the smallest of 16, 32 and 64 that holds a batch entry's output (64 for larger ones), so
 // that a block's copies, folds and products are of that output's lines and not of a 64x64 tile's; but 32 instead
 // of 64 where tile 64's grid would leave at least half of the SMs without a block, or at K <= 32 (where tile 32 has
@@ -945,8 +950,7 @@ int small_gemm_tile(const GemmArgs& args, int sm_count) {
   const std::int64_t extent = std::max(args.m, args.n);
   if (extent <= 16) return 16;
   if (extent <= 32) return 32;
-  const auto tiles_of = [](std::int64_t extent) { return (extent + kSmallMaxTile - 1) / kSmallMaxTile; };
-  const std::int64_t blocks = tiles_of(args.m) * tiles_of(args.n) * args.num_batches;  // of tile 64
+  const std::int64_t blocks = small_gemm_tiles(args, kSmallMaxTile) * args.num_batches;  // of tile 64
   return blocks * 2 <= sm_count || (args.k <= 32 && blocks <= sm_count) ? 32 : kSmallMaxTile;
 }
 
@@ -967,7 +971,7 @@ bool small_gemm_dependents_at_exit(std::int64_t blocks, int sm_count, int blocks
 // The small GEMM's grid: a block per output tile and batch entry, the batch entries beyond kMaxGridYZ looped over.
 template <int kTile>
 dim3 small_gemm_grid(const GemmArgs& args) {
-  const std::int64_t tiles = ((args.m + kTile - 1) / kTile) * ((args.n + kTile - 1) / kTile);
+  const std::int64_t tiles = small_gemm_tiles(args, kTile);
   TORCH_CHECK(tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(args.num_batches, kMaxGridYZ)));
 }
