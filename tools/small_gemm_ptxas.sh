@@ -17,19 +17,29 @@ trap 'rm -rf "$tmp"' EXIT
 src="$tmp/small_gemm.cu"
 line=$(grep -n '#include "corrected_gemm_small.cuh"' csrc/ops/corrected_matmul_cuda.cu | cut -d: -f1)
 head -n "$line" csrc/ops/corrected_matmul_cuda.cu > "$src"
-args=("$@")
-if [ ${#args[@]} -eq 0 ]; then  # the kernels launch_small_gemm_tile picks from
-  for t in 16 32 64; do for k in 32 64 128; do
-    [ $t = 64 ] && [ $k = 32 ] && continue
-    for a in true false; do for b in true false; do
-      args+=("<$t, $k, $a, $b, false>")
-      { [ $t = 64 ] && [ $k = 64 ]; } || { [ $t = 32 ] && [ $k = 32 ]; } && args+=("<$t, $k, $a, $b, true>")
-    done; done
-  done; done
-fi
 {
   echo "namespace wmmae_ops {"
-  for x in "${args[@]}"; do echo "template __global__ void corrected_gemm_small_kernel$x(GemmArgs);"; done
+  if [ $# -gt 0 ]; then
+    for x in "$@"; do echo "template __global__ void corrected_gemm_small_kernel$x(GemmArgs);"; done
+  else
+    # The kernels launch_small_gemm_tile picks from, as the header defines them: each tile's K buckets
+    # (small_gemm_k_bucket), and both products where the bucket has two (SmallKBucket::kHasHhPerFragment). Taking a
+    # kernel's address instantiates it.
+    cat <<'EOF'
+template <int kTile, int kMaxK, bool kARowMajor, bool kBRowMajor>
+void instantiate_small_gemm_kernels() {
+  if constexpr (small_gemm_k_bucket(kTile, kMaxK) == kMaxK) {
+    (void)&corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor, false>;
+    if constexpr (SmallKBucket<kTile, kMaxK>::kHasHhPerFragment) {
+      (void)&corrected_gemm_small_kernel<kTile, kMaxK, kARowMajor, kBRowMajor, true>;
+    }
+  }
+}
+EOF
+    for t in 16 32 64; do for k in 32 64 128; do for a in true false; do for b in true false; do
+      echo "template void instantiate_small_gemm_kernels<$t, $k, $a, $b>();"
+    done; done; done; done
+  fi
   echo "}"
 } >> "$src"
 includes=$(python3 -c "import sysconfig, torch.utils.cpp_extension as c
