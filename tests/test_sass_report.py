@@ -2,7 +2,7 @@
 built with its sm_90a kernels and the CUDA toolkit is here, what NOTES and README say of the real SASS: the
 wgmma GEMM's stage loop keeps everything in registers (no local memory) wherever it has the whole register
 file, and so does the small GEMM's products' loop (no GPU needed: it reads the binary); and, where nvcc is,
-tools/small_gemm_ptxas.sh's registers of tile 64's two small-GEMM kernels."""
+tools/small_gemm_ptxas.sh's registers of the two small-GEMM kernels of tile 64 and of tile 32."""
 from __future__ import annotations
 
 import glob
@@ -137,8 +137,9 @@ def test_wgmma_stage_loops_do_not_spill():
 
 
 def test_small_gemm_product_loops_do_not_spill():
-    """The small GEMM's kernels (every tile, K bucket, layout, and tile 64's two product loops at K <= 64): the loop
-    around their tensor-core products has no local-memory access (a spill there costs on every k-step)."""
+    """The small GEMM's kernels (every tile, K bucket, layout, and the two product loops of tile 64 at K <= 64 and of
+    tile 32 at K <= 32): the loop around their tensor-core products has no local-memory access (a spill there costs
+    on every k-step)."""
     rows = [r for r in _extension_rows() if r["arch"] == "sm_90a" and SMALL_GEMM_KERNEL_ARGS.fullmatch(r["kernel"])]
     for r in rows:
         assert r["tensor_core"] >= 3 and r["loop"] is not None, r
