@@ -7,7 +7,8 @@
 // ranges, first stage, flush: benchmarks/NOTES.md, sessions 81 and 82); here the blocks of other tiles hide them,
 // and a call is one kernel (no pre-pass, no workspace, no exit kernels).
 // A block: copies its rows of A and columns of B into shared memory (cp.async, any strides), folds each line's
-// exponent range there (thread t: line t, rows of A then columns of B), and then
+// exponent range (thread t takes line t's, rows of A then columns of B; at K <= 64 folded from the chunks that each
+// thread then splits, SmallChunkValues), and then
 // - fp16, and auto where every line of the tile is fp16-safe: the fp16 method's arithmetic of the wgmma kernel
 //   (corrected_matmul_scheme.hpp): lines scaled by their powers of two and split into hi and residual tiles (B's
 //   residual compensated), per 32 k the hi*hi products summed in the tensor core and added to the float32 sum,
@@ -56,6 +57,11 @@ struct SmallKBucket {
   static constexpr bool kHasHhPerFragment = (kTile == kSmallMaxTile && kMaxK == 64) || (kTile == 32 && kMaxK == 32);
   static_assert(!kHhPerFragment || kHasHhPerFragment, "the hi*hi sums per fragment: tile 64 at K <= 64, 32 at K <= 32");
   static constexpr int kMaxChunks = kMaxK / 8;
+  // The lines' exponent ranges folded from the split's chunks (SmallChunkValues::fold) at K <= 64, held in registers
+  // from the fold to the split at K <= 32 and for tile 64 (SmallChunkValues' kHold); at K <= 128 each line folded by
+  // its own thread (small_gemm_line_keys): there the fold, reading the chunks twice, was slower (H200, session 91).
+  static constexpr bool kFoldChunks = kMaxK <= 64;
+  static constexpr bool kHoldChunks = kFoldChunks && (kMaxK <= 32 || kTile == kSmallMaxTile);
   static_assert(kMaxK % 16 == 0 && kMaxChunks * 4 * SmallShape<kTile>::kThreads == kTile * kMaxK,
                 "SmallChunks' chunks of each thread");
   // H100/H200 (228 KB of shared memory, 64K registers per SM), blocks per SM at the bucket's largest K:
@@ -102,14 +108,15 @@ __host__ __device__ inline int small_gemm_k_pad(std::int64_t k) {
 }
 
 // Dynamic shared memory of a block: A's and B's tiles, which the output tile reuses at the end, then the line
-// shifts.
+// shifts and the lines' MagnitudeKeys (two words each; unused where the K bucket folds line by line: the same
+// blocks per SM).
 template <int kTile, bool kARowMajor, bool kBRowMajor>
 __host__ __device__ inline std::size_t small_gemm_smem_bytes(std::int64_t k) {
   const int k_pad = small_gemm_k_pad(k);
   const std::size_t tiles =
       SmallOperandTile<kTile, kARowMajor>::bytes(k_pad) + SmallOperandTile<kTile, !kBRowMajor>::bytes(k_pad);
   const std::size_t out = sizeof(float) * kTile * SmallShape<kTile>::kOutLd;
-  return (tiles > out ? tiles : out) + sizeof(int) * SmallShape<kTile>::kThreads;
+  return (tiles > out ? tiles : out) + 3 * sizeof(int) * SmallShape<kTile>::kThreads;
 }
 
 // Thread t's four-element chunks of a tile, q = 0, 1, ... (the same for the copies and the split): with K inner, of
@@ -172,12 +179,11 @@ __device__ __forceinline__ void small_gemm_stage(float* stage, const SmallOperan
   }
 }
 
-// The exponent range of line `line` of a tile's fp32 elements (zeros, the padding among them, count for nothing):
-// MagnitudeKeys (two integer operations per element), folded again exactly where they saw an Inf or a NaN.
+// The MagnitudeKeys of line `line` of a tile's fp32 elements (two integer operations per element), folded by one
+// thread.
 template <int kTile, bool kKInner>
-__device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stage,
-                                                                const SmallOperandTile<kTile, kKInner>& tile,
-                                                                int line) {
+__device__ __forceinline__ MagnitudeKeys small_gemm_line_keys(const float* stage,
+                                                              const SmallOperandTile<kTile, kKInner>& tile, int line) {
   const int ld = tile.ld_f32();
   const int step = kKInner ? 1 : ld;  // along the line (16-byte reads: lanes 8 lines apart share no bank) or across
   const float* p = stage + (kKInner ? line * ld : line);
@@ -194,7 +200,18 @@ __device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stag
     keys.include(v.z);
     keys.include(v.w);
   }
+  return keys;
+}
+
+// The exponent range of line `line` of a tile's fp32 elements from its MagnitudeKeys, where they saw no Inf or NaN,
+// else from the line folded again exactly (zeros, the padding among them, count for nothing).
+template <int kTile, bool kKInner>
+__device__ __forceinline__ ExponentRange small_gemm_line_range(const MagnitudeKeys& keys, const float* stage,
+                                                                const SmallOperandTile<kTile, kKInner>& tile,
+                                                                int line) {
   if (keys.exact()) return keys.bits().exponent_range();
+  const int step = kKInner ? 1 : tile.ld_f32();
+  const float* p = stage + (kKInner ? line * tile.ld_f32() : line);
   MagnitudeBits bits = MagnitudeBits::none();
   for (int kk = 0; kk < tile.k_pad; ++kk) bits.include(p[kk * step]);
   return bits.exponent_range();
@@ -203,39 +220,84 @@ __device__ __forceinline__ ExponentRange small_gemm_line_range(const float* stag
 // The power of two 2^shift as a float (|shift| <= 127, see line_shift).
 __device__ __forceinline__ float small_gemm_scale(int shift) { return __int_as_float((127 + shift) << 23); }
 
-// Scales the tile's fp32 lines by their powers of two and splits them into hi and residual tiles in place (the
-// residual compensated for B: wmmae::split_fp16_compensated): each thread reads its four-element chunks into
-// registers (SmallChunks), and after a block barrier writes their splits over them. Block-wide barriers.
-template <bool kCompensate, int kMaxChunks, int kTile, bool kKInner>
-__device__ __forceinline__ void small_gemm_split(float* stage, const SmallOperandTile<kTile, kKInner>& tile,
-                                                 const int* shift) {
-  const SmallChunks<kTile, kKInner> chunks(tile);
+// Thread t's four-element chunks of a tile's fp32 elements (SmallChunks) in registers: folded into their lines'
+// MagnitudeKeys, then, once the lines' shifts are known, scaled and split into the hi and residual tiles in place
+// (the residual compensated for B: wmmae::split_fp16_compensated). kHold: the chunks stay in registers from the
+// fold to the split, so that each element is read from shared memory once (SmallKBucket::kHoldChunks); else the
+// split reads them again (more registers would spill, or there was no fold: SmallKBucket::kFoldChunks).
+template <int kMaxChunks, bool kHold, int kTile, bool kKInner>
+struct SmallChunkValues {
+  SmallChunks<kTile, kKInner> chunks;
   float4 v[kMaxChunks];
+
+  __device__ explicit SmallChunkValues(const SmallOperandTile<kTile, kKInner>& tile) : chunks(tile) {}
+  __device__ void read(const float* stage, const SmallOperandTile<kTile, kKInner>& tile) {
 #pragma unroll
-  for (int q = 0; q < kMaxChunks; ++q) {  // (every q reads, chunk 0 past the thread's last: v stays in registers)
-    const int r = q < chunks.count ? q : 0;
-    v[q] = *reinterpret_cast<const float4*>(stage + chunks.outer(r) * tile.ld_f32() + chunks.inner(r));
-  }
-  __syncthreads();  // every fp32 element has been read
-  __half* hi = reinterpret_cast<__half*>(stage);
-  __half* lo = hi + tile.outer() * tile.ld_half();
-#pragma unroll
-  for (int q = 0; q < kMaxChunks; ++q) {
-    if (q < chunks.count) {
-      const int o = chunks.outer(q), i = chunks.inner(q);
-      float4 x = v[q];
-      if constexpr (kKInner) {  // one line: one scale
-        const float s = small_gemm_scale(shift[o]);
-        x = make_float4(x.x * s, x.y * s, x.z * s, x.w * s);
-      } else {
-        x = make_float4(x.x * small_gemm_scale(shift[i]), x.y * small_gemm_scale(shift[i + 1]),
-                        x.z * small_gemm_scale(shift[i + 2]), x.w * small_gemm_scale(shift[i + 3]));
-      }
-      const int off = o * tile.ld_half() + i;
-      store_fp16_split4<kCompensate>(x, hi + off, lo + off);
+    for (int q = 0; q < kMaxChunks; ++q) {  // (every q reads, chunk 0 past the thread's last: v stays in registers)
+      const int r = q < chunks.count ? q : 0;
+      v[q] = *reinterpret_cast<const float4*>(stage + chunks.outer(r) * tile.ld_f32() + chunks.inner(r));
     }
   }
-}
+  // Adds the chunks' magnitudes to their lines' keys in shared memory (line_max[line], line_min[line]: the words of
+  // MagnitudeKeys; a line's chunks are several threads'). Chunk 0 read again past the thread's last adds nothing.
+  __device__ void fold(unsigned* line_max, unsigned* line_min) const {
+    if constexpr (kKInner) {  // one line
+      MagnitudeKeys keys = MagnitudeKeys::none();
+#pragma unroll
+      for (int q = 0; q < kMaxChunks; ++q) {
+        keys.include(v[q].x);
+        keys.include(v[q].y);
+        keys.include(v[q].z);
+        keys.include(v[q].w);
+      }
+      atomicMax(line_max + chunks.outer0, keys.twice_max);
+      atomicMin(line_min + chunks.outer0, keys.twice_min_less_one);
+    } else {  // four lines, inner0 + [0, 4)
+      MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
+                               MagnitudeKeys::none()};
+#pragma unroll
+      for (int q = 0; q < kMaxChunks; ++q) {
+        keys[0].include(v[q].x);
+        keys[1].include(v[q].y);
+        keys[2].include(v[q].z);
+        keys[3].include(v[q].w);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        atomicMax(line_max + chunks.inner0 + j, keys[j].twice_max);
+        atomicMin(line_min + chunks.inner0 + j, keys[j].twice_min_less_one);
+      }
+    }
+  }
+  // Writes the chunks' splits over the tile's fp32 elements, scaled by their lines' powers of two: at once where
+  // they are held (every thread's reads were before the fold's barrier), else after reading them again and a block
+  // barrier (a block-wide call then).
+  template <bool kCompensate>
+  __device__ void store_split(float* stage, const SmallOperandTile<kTile, kKInner>& tile, const int* shift) {
+    if constexpr (!kHold) {
+      read(stage, tile);
+      __syncthreads();  // every fp32 element has been read
+    }
+    __half* hi = reinterpret_cast<__half*>(stage);
+    __half* lo = hi + tile.outer() * tile.ld_half();
+#pragma unroll
+    for (int q = 0; q < kMaxChunks; ++q) {
+      if (q < chunks.count) {
+        const int o = chunks.outer(q), i = chunks.inner(q);
+        float4 x = v[q];
+        if constexpr (kKInner) {  // one line: one scale
+          const float s = small_gemm_scale(shift[o]);
+          x = make_float4(x.x * s, x.y * s, x.z * s, x.w * s);
+        } else {
+          x = make_float4(x.x * small_gemm_scale(shift[i]), x.y * small_gemm_scale(shift[i + 1]),
+                          x.z * small_gemm_scale(shift[i + 2]), x.w * small_gemm_scale(shift[i + 3]));
+        }
+        const int off = o * tile.ld_half() + i;
+        store_fp16_split4<kCompensate>(x, hi + off, lo + off);
+      }
+    }
+  }
+};
 
 // Stores the output tile (rows x cols of it, kOutLd floats per row in shared memory) into row-major c at (m0, n0): a
 // warp per row, consecutive lanes at consecutive columns.
@@ -309,6 +371,7 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
     corrected_gemm_small_kernel(GemmArgs args) {
   namespace wmma = nvcuda::wmma;
   using Shape = SmallShape<kTile>;
+  using Bucket = SmallKBucket<kTile, kMaxK>;
   using TileA = SmallOperandTile<kTile, kARowMajor>;    // A row-major: K inner
   using TileB = SmallOperandTile<kTile, !kBRowMajor>;   // B column-major: K inner
   using LayoutA = typename std::conditional<kARowMajor, wmma::row_major, wmma::col_major>::type;
@@ -326,7 +389,9 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
   float* stage_b = reinterpret_cast<float*>(smem_raw + TileA::bytes(k_pad));
   float* out_tile = stage_a;  // after the products: the output tile, Shape::kOutLd floats per row
   int* shift =
-      reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) - Shape::kThreads;
+      reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) - 3 * Shape::kThreads;
+  unsigned* line_max = reinterpret_cast<unsigned*>(shift + Shape::kThreads);  // MagnitudeKeys of line t, A then B
+  unsigned* line_min = line_max + Shape::kThreads;
   const __half* hi_a = reinterpret_cast<const __half*>(stage_a);
   const __half* lo_a = hi_a + tile_a.outer() * tile_a.ld_half();
   const __half* hi_b = reinterpret_cast<const __half*>(stage_b);
@@ -353,14 +418,33 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
   for (std::int64_t z = blockIdx.y; z < args.num_batches; z += gridDim.y) {
     std::int64_t a_off, b_off;
     batch_offsets(args.batch, z, a_off, b_off);
+    if constexpr (Bucket::kFoldChunks) {  // (thread t read line t's keys last; others add to them after the copies)
+      line_max[t] = MagnitudeKeys::none().twice_max;
+      line_min[t] = MagnitudeKeys::none().twice_min_less_one;
+    }
     small_gemm_stage(stage_a, tile_a, args.a + a_off, m0, m, k, args.a_rs, args.a_ks);
     small_gemm_stage(stage_b, tile_b, args.b + b_off, n0, n, k, args.b_cs, args.b_ks);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
 
-    const ExponentRange range =
-        is_a ? small_gemm_line_range(stage_a, tile_a, line) : small_gemm_line_range(stage_b, tile_b, line);
+    // The lines' exponent ranges, from the chunks that the split takes (each thread's of A and of B; where it holds
+    // them, every element is read from shared memory once) or line by line (SmallKBucket::kFoldChunks).
+    SmallChunkValues<Bucket::kMaxChunks, Bucket::kHoldChunks, kTile, kARowMajor> chunks_a(tile_a);
+    SmallChunkValues<Bucket::kMaxChunks, Bucket::kHoldChunks, kTile, !kBRowMajor> chunks_b(tile_b);
+    MagnitudeKeys keys;
+    if constexpr (Bucket::kFoldChunks) {
+      chunks_a.read(stage_a, tile_a);
+      chunks_a.fold(line_max, line_min);
+      chunks_b.read(stage_b, tile_b);
+      chunks_b.fold(line_max + kTile, line_min + kTile);
+      __syncthreads();  // every line's keys are complete
+      keys = MagnitudeKeys{line_max[t], line_min[t]};
+    } else {
+      keys = is_a ? small_gemm_line_keys(stage_a, tile_a, line) : small_gemm_line_keys(stage_b, tile_b, line);
+    }
+    const ExponentRange range = is_a ? small_gemm_line_range(keys, stage_a, tile_a, line)
+                                     : small_gemm_line_range(keys, stage_b, tile_b, line);
     const int line_shift_fp16 = in_matrix ? line_shift<Method::fp16>(range) : 0;
     shift[t] = line_shift_fp16;
     const bool fp16_tile = __syncthreads_and(!in_matrix || fp16_safe(range)) || args.method == Method::fp16;
@@ -373,9 +457,8 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
       if constexpr (!kHhPerFragment) {
         small_shifts = __syncthreads_and(line_shift_fp16 >= -kDirectShift && line_shift_fp16 <= kDirectShift);
       }
-      constexpr int kMaxChunks = SmallKBucket<kTile, kMaxK>::kMaxChunks;
-      small_gemm_split<false, kMaxChunks>(stage_a, tile_a, shift);
-      small_gemm_split<true, kMaxChunks>(stage_b, tile_b, shift + kTile);
+      chunks_a.template store_split<false>(stage_a, tile_a, shift);
+      chunks_b.template store_split<true>(stage_b, tile_b, shift + kTile);
       __syncthreads();
       Acc sum[Shape::kFragsM][Shape::kFragsN], corr[Shape::kFragsM][Shape::kFragsN];
 #pragma unroll
