@@ -37,6 +37,8 @@ struct SmallShape {
   static constexpr int kWarpRows = kTile / kWarpsM, kWarpCols = kTile / kWarpsN;
   static constexpr int kFragsM = kWarpRows / 16, kFragsN = kWarpCols / 16;
   static constexpr int kOutLd = kTile + 4;  // the output tile's rows in shared memory, before they are stored
+  // Words per line (per thread) in shared memory after the tiles: its shift, then the two words of its MagnitudeKeys.
+  static constexpr int kLineWords = 3;
 };
 
 // The largest K of a kernel (its K bucket: small_gemm_k_bucket) and what it sets: the four-element chunks of one
@@ -116,7 +118,7 @@ __host__ __device__ inline std::size_t small_gemm_smem_bytes(std::int64_t k) {
   const std::size_t tiles =
       SmallOperandTile<kTile, kARowMajor>::bytes(k_pad) + SmallOperandTile<kTile, !kBRowMajor>::bytes(k_pad);
   const std::size_t out = sizeof(float) * kTile * SmallShape<kTile>::kOutLd;
-  return (tiles > out ? tiles : out) + 3 * sizeof(int) * SmallShape<kTile>::kThreads;
+  return (tiles > out ? tiles : out) + SmallShape<kTile>::kLineWords * sizeof(int) * SmallShape<kTile>::kThreads;
 }
 
 // Thread t's four-element chunks of a tile, q = 0, 1, ... (the same for the copies and the split): with K inner, of
@@ -210,10 +212,8 @@ __device__ __forceinline__ ExponentRange small_gemm_line_range(const MagnitudeKe
                                                                 const SmallOperandTile<kTile, kKInner>& tile,
                                                                 int line) {
   if (keys.exact()) return keys.bits().exponent_range();
-  const int step = kKInner ? 1 : tile.ld_f32();
-  const float* p = stage + (kKInner ? line * tile.ld_f32() : line);
   MagnitudeBits bits = MagnitudeBits::none();
-  for (int kk = 0; kk < tile.k_pad; ++kk) bits.include(p[kk * step]);
+  for (int kk = 0; kk < tile.k_pad; ++kk) bits.include(stage[tile.offset(line, kk, tile.ld_f32())]);
   return bits.exponent_range();
 }
 
@@ -389,7 +389,8 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
   float* stage_b = reinterpret_cast<float*>(smem_raw + TileA::bytes(k_pad));
   float* out_tile = stage_a;  // after the products: the output tile, Shape::kOutLd floats per row
   int* shift =
-      reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) - 3 * Shape::kThreads;
+      reinterpret_cast<int*>(smem_raw + small_gemm_smem_bytes<kTile, kARowMajor, kBRowMajor>(k)) -
+      Shape::kLineWords * Shape::kThreads;
   unsigned* line_max = reinterpret_cast<unsigned*>(shift + Shape::kThreads);  // MagnitudeKeys of line t, A then B
   unsigned* line_min = line_max + Shape::kThreads;
   const __half* hi_a = reinterpret_cast<const __half*>(stage_a);
