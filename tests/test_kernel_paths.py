@@ -15,6 +15,7 @@ range (the CUDA-core path).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -757,7 +758,9 @@ PREPASS_KERNEL = "prepass_kernel"  # (the grid pre-pass, prepass_kernel, and res
 @pytest.mark.parametrize("case", list(TILE_RANGE_CASES))
 def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     """The GEMM's tiles find the same line ranges in their stages as the pre-pass does in global memory (so the
-    same output bits), the output is correct, and no pre-pass runs exactly where the rule (or the switch) says."""
+    same output bits, but for auto's tiles that are not fp16-safe, which take float32 FMAs where the tiles fold and
+    the tf32 GEMM after a pre-pass), the output is correct, and no pre-pass runs exactly where the rule (or the
+    switch) says."""
     (a_shape, a_ld, a_col), (b_shape, b_ld, b_col), magnitudes, can = TILE_RANGE_CASES[case]
     a = _strided_matrix(gen, a_shape, a_ld, 0, col_major=a_col)
     b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
@@ -766,35 +769,45 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     one_tile = a_shape[-2] <= 128 and b_shape[-1] <= 128
     outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_TILE_RANGES", ("default", "1", "0"),
                                      lambda: torch_wmmae.corrected_matmul(a, b, method=method))
+    folds = {"default": can and one_tile, "1": can, "0": False}
     for switch in ("default", "1"):
-        torch.testing.assert_close(outs[switch], outs["0"], rtol=0, atol=0, equal_nan=True)
+        # (auto's tiles that are not fp16-safe: float32 FMAs where the tiles fold, tf32 after a pre-pass)
+        if method == "fp16" or magnitudes == "normal" or not folds[switch]:
+            torch.testing.assert_close(outs[switch], outs["0"], rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(outs[switch], outs["1"], rtol=0, atol=0, equal_nan=True)
+        _assert_matmul_on_magnitudes(outs[switch], a, b, magnitudes, method, f"{case} {switch}")
     if _sees_sm90_kernels():
-        for switch, folds in (("default", can and one_tile), ("1", can), ("0", False)):
-            assert any(PREPASS_KERNEL in name for name in kernels[switch]) != folds, (switch, kernels[switch])
-    _assert_matmul_on_magnitudes(outs["default"], a, b, magnitudes, method, case)
+        for switch, folded in folds.items():
+            assert any(PREPASS_KERNEL in name for name in kernels[switch]) != folded, (switch, kernels[switch])
 
 
-# (batch, m, n, k) for auto's tiles left to tf32 where the tiles fold their line ranges; batch 0: 2 x SMs + 3
-# entries of one tile, which the plan runs as persistent batch slots (three rounds), where the tile before the
-# wide one issued its stages (K = 96: all three) and the wide one skips them.
-TILE_RANGE_TF32_CASES = {
+# (batch, m, n, k) for auto's tiles that are not fp16-safe where the tiles fold their line ranges; batch 0: 2 x SMs +
+# 3 entries of one tile, which the plan runs as persistent batch slots (three rounds), where the tile before a wide
+# one issued its stages (K = 96: all three) and the wide one reads them for its FMAs. K = 17: a partial stage.
+TILE_RANGE_FMA_CASES = {
     "one_tile": (1, 128, 128, 64),
-    "one_tile_batched": (3, 128, 128, 64),
+    "one_tile_batched_k17": (5, 100, 120, 17),
     "one_tile_persistent_k96": (0, 128, 128, 96),
     "3x4_tiles": (1, 300, 400, 64),
-    "3x4_tiles_batched": (3, 300, 400, 64),
+    "3x4_tiles_batched": (5, 300, 400, 40),
 }
+TF32_EXIT_KERNELS = ("corrected_gemm_sm90_tf32_kernel", "float32_fallback_kernel")
 
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", list(TILE_RANGE_TF32_CASES))
-def test_corrected_matmul_tile_line_ranges_leave_auto_tiles_to_tf32(gen, monkeypatch, case):
-    """auto where the tiles fold their line ranges (3 x 4 tiles: TORCH_WMMAE_TILE_RANGES=1): a tile with a row that
-    spans more than fp16 can goes to the tf32 GEMM, which reads that tile's line ranges from the workspace where
-    the fp16 GEMM's tile left them; the other tiles of the same rows of A (all tiles of the first row of tiles)
-    go too, the rest stay fp16."""
-    batch, m, n, k = TILE_RANGE_TF32_CASES[case]
+@pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+@pytest.mark.parametrize("case", list(TILE_RANGE_FMA_CASES))
+def test_corrected_matmul_tile_line_ranges_auto_takes_float32_fmas(gen, monkeypatch, case, a_col, b_col):
+    """auto where the tiles fold their line ranges (by default where a batch entry's output is one tile; 3 x 4 tiles:
+    TORCH_WMMAE_TILE_RANGES=1): a tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf; a
+    row with a NaN) is computed by the fp16 GEMM itself from the stages it holds, with one float32 fused multiply-add
+    per product in k order (those bits, exactly: _fma_sequence_reference), every other tile with the fp16 method's
+    bits; in every layout, and with no pre-pass, tf32 GEMM or fallback check launched (the poisoned pool: every output
+    written)."""
+    batch, m, n, k = TILE_RANGE_FMA_CASES[case]
     if batch == 0:
         batch = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 3
         if not device_gemm_grid(m, n, k, batch)[4]:
@@ -803,32 +816,43 @@ def test_corrected_matmul_tile_line_ranges_leave_auto_tiles_to_tf32(gen, monkeyp
         monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
     else:
         monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "1")
-    a = random_tensor(gen, (batch, m, k), "normal", "cuda")
-    b = random_tensor(gen, (batch, k, n), "normal", "cuda")
-    wide = batch // 2
-    a[wide, 7, 1] = 2.0**30
-    a[wide, 7, 2] = 2.0**-30
+    padded = lambda inner: (inner + 3) // 4 * 4 + 4  # line strides that TMA can read (16-byte multiples)
+    a = _strided_matrix(gen, (batch, m, k), padded(m if a_col else k), 0, col_major=a_col)
+    b = _strided_matrix(gen, (batch, k, n), padded(k if b_col else n), 0, col_major=b_col)
+    wide_z, inf_z, nan_z = batch // 2, batch - 1, 0
+    a[wide_z, 7, 1], a[wide_z, 7, 2] = 2.0**30, 2.0**-30  # a row spanning 2^60
+    b[inf_z, k // 2, n - 9] = float("inf")                  # a column with an Inf
+    a[nan_z, m - 1, k - 1] = float("nan")                   # a row with a NaN
     outs = {}
+    # (A NaN-poisoned pool where the output fits its 2 MiB segment with room to spare.)
+    pool = poisoned_cuda_pool(float("nan")) if 4 * batch * m * n <= 1 << 20 else contextlib.nullcontext()
     with deterministic():
-        kernels = _launched_kernels(lambda: outs.setdefault("auto", torch_wmmae.corrected_matmul(a, b)))
+        fp16 = torch_wmmae.corrected_matmul(a, b, method="fp16").cpu()
+        with pool:
+            kernels = _launched_kernels(lambda: outs.setdefault("auto", torch_wmmae.corrected_matmul(a, b)))
     if _sees_sm90_kernels():
-        assert not any(PREPASS_KERNEL in name for name in kernels), kernels
-    tf32_tiles = torch.zeros(outs["auto"].shape, dtype=torch.bool, device="cuda")
-    tf32_tiles[wide, :128] = True
-    _assert_auto_took_tf32_on(outs["auto"], a, b, tf32_tiles)
-    assert_matmul_within_dot_product_bound(outs["auto"], a, b, "auto")
+        assert any(TMA_KERNEL.search(name) for name in kernels), kernels
+        assert not any(name in ran for ran in kernels for name in (PREPASS_KERNEL,) + TF32_EXIT_KERNELS), kernels
+    tile = lambda i: slice(i // 128 * 128, i // 128 * 128 + 128)  # the 128 lines of i's tile
+    expected = fp16.clone()
+    for z, rows, cols in ((wide_z, tile(7), slice(None)), (inf_z, slice(None), tile(n - 9)),
+                          (nan_z, tile(m - 1), slice(None))):
+        expected[z, rows, cols] = _fma_sequence_reference(a[z], b[z])[rows, cols]
+    torch.testing.assert_close(outs["auto"].cpu(), expected, rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(expected[wide_z], fp16[wide_z])  # (else the test could not tell the paths apart)
+    _assert_matmul_on_magnitudes(outs["auto"], a, b, "wide", "auto", case)
 
 
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("magnitudes", ["normal", "wide"])
 def test_corrected_matmul_late_dependents_keep_bits(gen, monkeypatch, magnitudes):
-    """auto on three rounds of one-tile batch entries, whose fp16 GEMM lets the tf32 GEMM and the fallback check
-    launch only as each block starts its last piece (late_dependents_apply): the same bits as with them launched
-    at the GEMM's start (TORCH_WMMAE_LATE_DEPENDENTS=0) and as with every wgmma fp16 GEMM doing so (=1), over
-    calls back to back on one stream; on "wide" inputs (_make_wide) most tiles go to the tf32 GEMM and the
-    fallback check meets an Inf and a NaN. (Where the blocks let them launch changes no bits by design: this
-    checks that every placement completes with the right output, and that the calls take the rule's path.)"""
+    """auto on three rounds of one-tile batch entries (whose tiles fold their own line ranges), calls back to back on
+    one stream, the fp16 GEMM letting the kernels after it launch at its start (unset and TORCH_WMMAE_LATE_DEPENDENTS=0)
+    or as each block starts its last piece (=1, late_dependents_apply): the same bits; on "wide" inputs (_make_wide)
+    most tiles take the GEMM's float32 FMAs and meet an Inf and a NaN. (Where the blocks let them launch changes no
+    bits by design: this checks that every placement completes with the right output, and that the calls take the
+    tiles' own line ranges.)"""
     for key in ("TORCH_WMMAE_TILE_RANGES", "TORCH_WMMAE_SM90_TMA", "TORCH_WMMAE_PORTABLE_GEMM"):
         monkeypatch.delenv(key, raising=False)
     batch = 3 * torch.cuda.get_device_properties(0).multi_processor_count  # three rounds of batch slots

@@ -244,6 +244,87 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
   return bits.exponent_range();
 }
 
+// For GemmArgs::tile_line_ranges, auto's tiles that are not fp16-safe (a line spanning more than fp16 keeps, an Inf
+// or a NaN): computed by the fp16 GEMM itself from the fp32 stages that hold the tile's whole K (k_count <= (kStages -
+// 1) kBlockK, every stage landed), with one float32 fused multiply-add per product in k order, as the small GEMM and
+// the float32 fallback compute such outputs: float32's accuracy over its whole range, Inf and NaN as float32 gives
+// them, and no tf32 GEMM or fallback check after this kernel. Thread t sums rows 4 (t / 16) + 64 h + [0, 4) in pass
+// h < 2 at columns 4 (t % 16) + [0, 4) and 64 + 4 (t % 16) + [0, 4), and writes those inside the output (rows x cols
+// from origin, row stride n). It reads four k at a time as float4s (a 16-byte chunk of the swizzle holds four
+// consecutive inner elements): four k of a line where k is inner, four lines of a k otherwise. Past K the stages
+// hold TMA's zeros, whose products leave a sum from +0 unchanged, so k runs on to a multiple of four. Not inlined:
+// inlined, its registers moved spills into the stage loop of the instantiation with both operands column-major, and
+// changed the other stage loops' registers (ptxas, CUDA 13.0); as a call the stage loops are main's but for one
+// or two equivalent instructions.
+template <class A, class B, bool kARowMajor, bool kBRowMajor>
+__device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const float* stage_b, int first_slot,
+                                                     int k_count, float* origin, std::int64_t n, int rows, int cols) {
+  constexpr int kRows = 4, kCols = 8, kColGroups = kBlockN / 2 / 4;  // (16 threads across a row of the tile)
+  static_assert(kThreads * kRows * kCols * 2 == kBlockM * kBlockN, "one tile in two passes");
+  const int c0 = threadIdx.x % kColGroups * 4;
+  auto col_of = [&](int j) { return c0 + j % 4 + j / 4 * (kBlockN / 2); };
+  auto f4 = [](const float* p) { return *reinterpret_cast<const float4*>(p); };
+  auto at = [](const float4& v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; };
+  for (int r0 = threadIdx.x / kColGroups * kRows; r0 < kBlockM; r0 += kBlockM / 2) {
+    float part[kRows][kCols];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) part[i][j] = 0.0f;
+    }
+    for (int s = 0; s * kBlockK < k_count; ++s) {
+      const float* sa = stage_a + ((first_slot + s) & (kStages - 1)) * A::kFloats;
+      const float* sb = stage_b + ((first_slot + s) & (kStages - 1)) * B::kFloats;
+      const int c_end = min(kBlockK, k_count - s * kBlockK);
+      for (int c = 0; c < c_end; c += 4) {
+        float av[kRows][4], bv[4][kCols];  // [row][k], [k][column]
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if constexpr (kARowMajor) {  // q: a row, four k
+            const float4 v = f4(sa + A::offset(r0 + q, c));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) av[q][e] = at(v, e);
+          } else {  // q: a k, four rows
+            const float4 v = f4(sa + A::offset(c + q, r0));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) av[e][q] = at(v, e);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if constexpr (kBRowMajor) {  // q: a k, four columns
+              const float4 v = f4(sb + B::offset(c + q, col_of(4 * h)));
+#pragma unroll
+              for (int e = 0; e < 4; ++e) bv[q][4 * h + e] = at(v, e);
+            } else {  // q: a column, four k
+              const float4 v = f4(sb + B::offset(col_of(4 * h + q), c));
+#pragma unroll
+              for (int e = 0; e < 4; ++e) bv[e][4 * h + q] = at(v, e);
+            }
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) part[i][j] = __fmaf_rn(av[i][kk], bv[kk][j], part[i][j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        if (r0 + i < rows && col_of(j) < cols) origin[(r0 + i) * n + col_of(j)] = part[i][j];
+      }
+    }
+  }
+}
+
 // The GEMM's wait for the line ranges of batch entry z from the resident pre-pass: every item of the entry
 // has released its count (see resident_prepass_kernel).
 __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done, std::int64_t z, int items) {
@@ -505,9 +586,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       wait_for_prior_grid();
     }
     // Where K is short (GemmArgs::tile_line_ranges), the line ranges come from the tile's own stages: all of them
-    // were issued above (K fits in kStages - 1), and each thread folds its line from each stage as it lands. auto's
-    // tiles that go to the tf32 kernel leave it their lines' ranges in the pre-pass's arrays (zeroed, complete
-    // before the tf32 kernel starts after this grid).
+    // were issued above (K fits in kStages - 1), and each thread folds its line from each stage as it lands.
     auto fold_line_scales = [&]() {
       const int r = threadIdx.x;  // (A's rows in warps 0-3, B's columns in warps 4-7: no divergence)
       MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
@@ -520,23 +599,27 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM);
         }
       }
-      std::int64_t index;
-      const bool in_matrix = tile_line_index(args, z, m0, n0, r, index);
+      const bool in_matrix = r < kBlockM ? m0 + r < m : n0 + (r - kBlockM) < n;
       const ExponentRange range =
           r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r)
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
-      const TileLines found = line_scales_from<kM>(scales, in_matrix, range);
-      if (args.method == Method::automatic && !found.fp16_safe && in_matrix) {
-        (r < kBlockM ? args.a_ranges : args.b_ranges).merge(index, range);
-      }
-      return found;
+      return line_scales_from<kM>(scales, in_matrix, range);
     };
     constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;  // (see tile_line_ranges_apply)
     const TileLines lines = kTileRangesCode && args.tile_line_ranges ? fold_line_scales()
                                                                       : load_line_scales<kM>(args, scales, z, m0, n0);
-    // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those.
+    // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those; or,
+    // where they folded their line ranges, computes them with float32 FMAs from the stages it holds.
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
-      if (!kTf32 && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
+      if constexpr (kTileRangesCode) {
+        if (args.tile_line_ranges) {  // (every stage of the tile has landed: fold_line_scales)
+          fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(
+              stage_a, stage_b, slot_of(0), static_cast<int>(k_end - k_begin), args.c + (z * m + m0) * n + n0, n,
+              static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0)),
+              static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0)));
+        }
+      }
+      if (!kTf32 && !args.tile_line_ranges && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       if constexpr (kTma) {  // the stages in flight land before their slots are used again
         for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
       }

@@ -148,15 +148,16 @@ struct GemmArgs {
   const int* prepass_items_done;
   int prepass_items_per_batch;
   // The wgmma fp16 GEMM with TMA stages folds its tile's line ranges itself from the stages it holds, in place of
-  // any pre-pass: where K fits in the stages that a tile issues at its start (tile_line_ranges_apply).
-  // auto's tiles that it leaves to the tf32 GEMM merge their lines' ranges into a_ranges and b_ranges for it.
+  // any pre-pass: where K fits in the stages that a tile issues at its start (tile_line_ranges_apply). It computes
+  // auto's tiles that are not fp16-safe itself, with float32 FMAs from those stages (fma_tile_from_stages), so that
+  // such calls run neither the tf32 GEMM nor the fallback check.
   bool tile_line_ranges;
   // The wgmma fp16 GEMM's blocks [0, start_stagger_blocks) start a little apart (sm90::stagger_start); 0: none.
   int start_stagger_blocks;
   int tile_group_rows;  // tile_origin's group height (gemm_tile_group_rows)
   // The wgmma fp16 GEMM's blocks let the kernels after it launch (allow_dependent_grid) as each starts its last
-  // piece instead of at its own start (late_dependents_apply); the small GEMM's as each exits instead of once it
-  // has waited for the kernel before it (small_gemm_dependents_at_exit).
+  // piece instead of at its own start (late_dependents_apply: only on request); the small GEMM's as each exits
+  // instead of once it has waited for the kernel before it (small_gemm_dependents_at_exit).
   bool dependents_at_last_piece;
   __host__ __device__ bool adds_into_output() const { return k_splits > 1 || stream_k_blocks > 0; }
 };
@@ -166,7 +167,7 @@ struct GemmArgs {
 // GEMM so that its blocks may start while the fp16 GEMM still runs (GemmLaunch::overlaps_previous), and the next
 // call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel, or the small
 // GEMM, which waits for the kernel before it at its start: corrected_gemm_small.cuh). Each earlier
-// kernel lets them as soon as each of its blocks has started (auto's fp16 GEMM on some grids only as each block
+// kernel lets them as soon as each of its blocks has started (the fp16 GEMM, on request, only as each block
 // starts its last piece: late_dependents_apply; the small GEMM once each has waited, or on some grids at its exit:
 // small_gemm_dependents_at_exit), and a later one reads nothing an earlier one
 // writes (line ranges, the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the
@@ -682,32 +683,17 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
 }
 
 #ifdef WMMAE_HAS_SM90A
-// Whether auto's fp16 GEMM lets the kernels after it launch only as each block starts its last piece
-// (GemmArgs::dependents_at_last_piece): on the persistent grids of one-tile batch entries with tile_line_ranges that
-// take at least kLateDependentsMinRounds rounds of batch slots (the busiest blocks take that many entries). Launched at
-// the GEMM's start, auto's two exit kernels (the tf32 GEMM, whose blocks return at once unless a tile was left to them,
-// and the fallback check) lengthened that GEMM by about 5 us each, why is not known (H200, session 83, 512 x 128^2 x
-// 64, spans of back-to-back calls: GEMM 33.0 us alone, 37.8 / 38.6 with either, 42.6 with both; every GEMM kernel
-// asking for the largest shared-memory carveout changed nothing; launched at the GEMM's exit instead, 46.1 -> 44.2 us
-// per call). Same build, two rounds of alternating processes, auto back to back, at the start -> at the last piece: 512
-// x 128^2 x 64 45.8 -> 40.8-41.0 us, x 32 36.5-36.6 -> 34.1-34.3, 396 x 128^2 x 64 37.7 -> 32.7-32.9, 300 x 128^2 x 96
-// 36.4-37.2 -> 35.2-35.3, 1024 x 128^2 x 64 73.0-73.1 -> 69.7-70.1, 2048 x 64^2 x 64 the same (113). Two rounds (256 x
-// 128^2) were 4-8% faster in one run and up to 10% slower in another: left out. Not for fp16, whose next call's
-// workspace zeroing is the kernel after it (512 x 128^2 x 64: 34.5 -> 34.8-35.1, 35.2 in another run), nor for grids of
-// more than one tile (64 x 512^3, 8 x 1024^3, 64 x 1024^2 x 64: the same or about 1% slower).
-// TORCH_WMMAE_LATE_DEPENDENTS=0 turns it off, =1 on for every wgmma fp16 GEMM with TMA stages but the one beside the
-// resident pre-pass (the same bits).
-constexpr std::int64_t kLateDependentsMinRounds = 3;
-bool late_dependents_apply(const GemmArgs& args, unsigned persistent_batch_slots) {
-  if (env_is("TORCH_WMMAE_LATE_DEPENDENTS", "0")) return false;
-  if (env_is("TORCH_WMMAE_LATE_DEPENDENTS", "1")) return true;
-  if (args.method != Method::automatic || !args.tile_line_ranges || persistent_batch_slots == 0 ||
-      args.m > kBlockM || args.n > kBlockN) {
-    return false;
-  }
-  const std::int64_t rounds = (args.num_batches + persistent_batch_slots - 1) / persistent_batch_slots;
-  return rounds >= kLateDependentsMinRounds;
-}
+// Whether the fp16 GEMM lets the kernels after it launch only as each block starts its last piece
+// (GemmArgs::dependents_at_last_piece) instead of at its start: only where TORCH_WMMAE_LATE_DEPENDENTS=1 asks, for
+// every wgmma fp16 GEMM with TMA stages but the one beside the resident pre-pass (the same bits). It was the rule for
+// auto on persistent grids of one-tile batch entries whose tiles fold their line ranges, while auto's two exit kernels
+// (the tf32 GEMM and the fallback check) followed that GEMM: launched at its start, they lengthened it by about 5 us
+// each (H200, session 83: 512 x 128^2 x 64 45.8 -> 40.8-41.0 us per call back to back at the last piece). Such calls
+// no longer launch them (GemmArgs::tile_line_ranges), and without them the placement changed nothing (session 92,
+// same build, 512 x 128^2 x 64 auto 35.88 against 35.86 us, 2000 x 128^2 x 64 122.39 against 122.01); for fp16 it
+// had been slower (512 x 128^2 x 64: 34.5 -> 34.8-35.1), as for grids of more than one tile (64 x 512^3, 8 x 1024^3:
+// the same or about 1% slower).
+bool late_dependents_apply() { return env_is("TORCH_WMMAE_LATE_DEPENDENTS", "1"); }
 
 // Whether the wgmma fp16 kernel reads the partial sums back in one batch (its kReadBack instantiation): wherever
 // a block sums more than one chunk of K into the output itself (no split-K): small outputs' chunks of 1024 (a
@@ -838,7 +824,7 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     // blocks start as their batch entries' lines are ready, one entry after the other (H100, 64 x 512^3 and
     // 8 x 1024^3: the same or up to 1% slower staggered).
     GemmArgs fp16_args = args;
-    if constexpr (kTma) fp16_args.dependents_at_last_piece = late_dependents_apply(args, launch.persistent_batch_slots);
+    if constexpr (kTma) fp16_args.dependents_at_last_piece = late_dependents_apply();
     const std::int64_t blocks = std::int64_t{fp16_launch.grid.x} * fp16_launch.grid.y * fp16_launch.grid.z;
     const std::int64_t stages = gemm_tiles(args.m, args.n) * gemm_k_stages(args.k) * args.num_batches;
     const bool staggered = 2 * blocks >= launch.sm_count && stages >= 12 * blocks;
@@ -1150,6 +1136,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // [batch][m] first, then B's columns as [batch][n]; then the resident pre-pass's counts per batch entry, its
   // next item and its SM claims (ResidentPrepassArgs).
   constexpr std::int64_t kFlagWords = 4;
+  // (Where the tiles fold their line ranges, the kernels read no line ranges here; a workspace of the flag words alone
+  // made fp16 calls slower, 512 x 128^2 x 64 34.7 -> 36.0 us back to back, why is not known: H200, session 92.)
   const std::int64_t per = plan.batch * (plan.m + plan.n);
   const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
   // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
@@ -1183,8 +1171,9 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
                               sm_count, gemm_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
-  // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.
-  if (method != Method::fp16) {
+  // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end. Not where the fp16 GEMM's
+  // tiles fold their line ranges: that GEMM leaves no tile to it (GemmArgs::tile_line_ranges).
+  if (method != Method::fp16 && !args.tile_line_ranges) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
                               kernels, sm_count, gemm_maps);
     launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split

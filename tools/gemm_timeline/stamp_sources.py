@@ -15,7 +15,8 @@ device address in WMMAE_TIMELINE_PTR. Its layout (the constants below; blocks pa
   end of the prior-grid wait (auto), end; the float32 fallback's check the same from FALLBACK_BASE.
 timeline.py reads the fp16 GEMM (methods "fp16" and "auto").
 Also, WMMAE_TIMELINE_SKIP_EXIT=1 leaves out auto's two exit kernels (the tf32 GEMM and the float32 fallback's
-check), so that a run can show what they cost: its outputs are wrong wherever a tile is not fp16-safe.
+check), so that a run can show what they cost: its outputs are wrong wherever a tile is not fp16-safe. (Calls whose
+tiles fold their own line ranges launch neither: the fp16 GEMM computes such tiles itself.)
 An edit whose anchor text is missing fails loudly: mend the anchors here when the kernels change.
 """
 from __future__ import annotations
@@ -128,9 +129,9 @@ EDITS = [
            "    }\n"
            "  }\n"),
     (_HOST,
-     "  if (method != Method::fp16) {\n",
-     "  if (method == Method::tf32 ||\n"
-     "      (method == Method::automatic && std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"),
+     "  if (method != Method::fp16 && !args.tile_line_ranges) {\n",
+     "  if (method == Method::tf32 || (method == Method::automatic && !args.tile_line_ranges &&\n"
+     "                                 std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"),
 ]
 
 
