@@ -29,7 +29,9 @@
 //    On sm_90 the fp16 GEMM's blocks may start while the pre-pass finishes (allow_dependent_grid).
 // 3. "auto": both kernels are launched; a 128x128 tile is computed by the fp16 kernel when all its rows of
 //    A and columns of B are fp16-safe (corrected_matmul_scheme.hpp) and by the tf32 kernel otherwise. The
-//    decision is made on the device, so the op never synchronizes the host and can be graph-captured.
+//    decision is made on the device, so the op never synchronizes the host and can be graph-captured. Where the
+//    tiles fold their own line ranges (1.), the fp16 kernel computes the other tiles itself with float32 FMAs
+//    from the stages that hold their whole K, and neither the tf32 kernel nor the check of 4. is launched.
 // 4. "tf32" and "auto": where the tf32 GEMM computed a tile whose lines span more exponents than its split
 //    keeps (tf32_spans_fit), float32_fallback_kernel (float32_fallback.cuh), launched after it, checks the
 //    tile's outputs and computes it again with float32 fused multiply-adds where one is at risk
