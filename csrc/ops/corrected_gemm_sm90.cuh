@@ -599,7 +599,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM);
         }
       }
-      const bool in_matrix = r < kBlockM ? m0 + r < m : n0 + (r - kBlockM) < n;
+      std::int64_t index;  // (unused: the ranges are this tile's own)
+      const bool in_matrix = tile_line_index(args, z, m0, n0, r, index);
       const ExponentRange range =
           r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r)
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
@@ -608,15 +609,17 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;  // (see tile_line_ranges_apply)
     const TileLines lines = kTileRangesCode && args.tile_line_ranges ? fold_line_scales()
                                                                       : load_line_scales<kM>(args, scales, z, m0, n0);
+    // The tile's output: its first element, and its rows and columns inside the matrix.
+    float* const origin = args.c + (z * m + m0) * n + n0;
+    const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
+    const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
     // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those; or,
     // where they folded their line ranges, computes them with float32 FMAs from the stages it holds.
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
       if constexpr (kTileRangesCode) {
         if (args.tile_line_ranges) {  // (every stage of the tile has landed: fold_line_scales)
-          fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(
-              stage_a, stage_b, slot_of(0), static_cast<int>(k_end - k_begin), args.c + (z * m + m0) * n + n0, n,
-              static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0)),
-              static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0)));
+          fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
+                                                             static_cast<int>(k_end - k_begin), origin, n, rows, cols);
         }
       }
       if (!kTf32 && !args.tile_line_ranges && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
@@ -630,9 +633,6 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // A tile beyond the split's limits: float32_fallback_kernel checks its outputs after this kernel.
     if (kTf32 && lines.beyond_split_limit && threadIdx.x == 0) *args.wide_tiles_pending = 1ull;
     if (threadIdx.x == 0) {
-      float* origin = args.c + (z * m + m0) * n + n0;
-      const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
-      const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
       // Fast path: 8-byte aligned column pairs (an even output width), unscaling factors that are normal floats.
       const bool direct = lines.small_shifts && n % 2 == 0 && reinterpret_cast<std::uintptr_t>(origin) % 8 == 0;
       *out_tile = OutputTile{origin, rows, cols, direct,
