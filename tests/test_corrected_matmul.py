@@ -652,10 +652,11 @@ FLOAT32_FALLBACK_CASES = {  # name: (a's shape, b's shape, a transposed, b trans
     "transposed": ((130, 70), (70, 150), True, True),
     "batched_broadcast": ((3, 130, 70), (70, 150), False, True),
     "split_k": ((64, 16384), (16384, 96), False, False),
-    # one tile per entry and K <= 96 on an H100/H200: auto's fp16 GEMM folds the tiles' line ranges, with no
+    # one tile per entry and K <= 128 on an H100/H200: auto's fp16 GEMM folds the tiles' line ranges, with no
     # pre-pass, and computes the tiles that are not fp16-safe itself with float32 FMAs in k order, the bits that the
     # fallback gives every output at risk (tile_line_ranges_apply; auto only: the tf32 method takes the pre-pass)
     "one_tile_short_k": ((4, 120, 72), (4, 72, 100), False, False),
+    "one_tile_k128": ((4, 120, 128), (4, 128, 100), True, False),
 }
 
 

@@ -705,9 +705,9 @@ def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layou
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, resident", [((64, 512, 512, 512), True), ((8, 1024, 1024, 1024), True),
-                                             ((32, 256, 1024, 512), True), ((256, 128, 128, 128), True),
+                                             ((32, 256, 1024, 512), True), ((256, 128, 128, 160), True),
                                              ((16, 512, 512, 2048), False)],
-                         ids=["64x512^3", "8x1024^3", "32x256x1024x512", "256x128^3", "16x512x512x2048"])
+                         ids=["64x512^3", "8x1024^3", "32x256x1024x512", "256x128^2x160", "16x512x512x2048"])
 def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, resident):
     """By default the pre-pass runs beside the GEMM in batched calls that TMA reads (all measured faster that
     way, or equal), but not where the GEMM reads its chunks' partial sums back (K > 1024, small outputs)."""
@@ -725,13 +725,14 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
 
 
 # The line ranges folded by the fp16 GEMM's tiles from their own stages (GemmArgs::tile_line_ranges), where K fits
-# in the stages a tile issues at its start (K <= 96) and TMA reads both operands in place; no pre-pass runs then.
+# in the stages a tile issues at its start (K <= 128) and TMA reads both operands in place; no pre-pass runs then.
 # By default only where a batch entry's output is one tile; TORCH_WMMAE_TILE_RANGES=1 wherever it can run, =0
 # nowhere. (a as (shape, line stride, column-major), b likewise, magnitudes, whether it can run.) Every layout
-# (k-inner and line-inner stage tiles), K from 1 to 96 (partial stages: TMA's zeros past K), partial tiles, a
-# single matrix and a batch (one tile per entry, and entries of several tiles that fold the same lines), a
-# broadcast b, magnitudes over 2^+-40 with an Inf and a NaN (the exact re-fold), and where it cannot run: K = 97,
-# and an operand that TMA cannot read (a line stride of 137 elements).
+# (k-inner and line-inner stage tiles), K from 1 to 128 (partial stages: TMA's zeros past K; K > 96: the fourth
+# stage, which a tile issues into the slot of the previous piece's last), partial tiles, a single matrix and a batch
+# (one tile per entry, and entries of several tiles that fold the same lines), a broadcast b, magnitudes over 2^+-40
+# with an Inf and a NaN (the exact re-fold), and where it cannot run: K = 129, and an operand that TMA cannot read
+# (a line stride of 137 elements).
 TILE_RANGE_CASES = {
     "k64_row_row_batched": (((6, 200, 64), 64, False), ((6, 64, 136), 136, False), "normal", True),
     "k1_row_row": (((130, 1), 4, False), ((1, 260), 260, False), "normal", True),
@@ -744,9 +745,13 @@ TILE_RANGE_CASES = {
     # 300 entries of 3 stages: persistent batch slots on an H100/H200 (up to 227 SMs), where each tile's stages
     # come from the tile before it
     "k96_one_tile_per_entry_persistent": (((300, 128, 96), 96, False), ((300, 96, 128), 128, False), "normal", True),
+    "k128_one_tile_per_entry_persistent": (((300, 128, 128), 128, False), ((300, 128, 128), 128, False), "normal",
+                                           True),
+    "k97_both_col": (((3, 260, 97), 260, True), ((3, 97, 130), 100, True), "normal", True),
+    "k113_one_tile_wide_inf_nan": (((6, 120, 113), 120, True), ((6, 113, 100), 116, True), "wide", True),
     "k72_wide_inf_nan": (((4, 130, 72), 72, False), ((4, 72, 136), 72, True), "wide", True),
     "k40_one_tile_wide_inf_nan": (((4, 128, 40), 40, False), ((4, 40, 100), 40, True), "wide", True),
-    "k97": (((4, 130, 97), 100, False), ((4, 97, 136), 136, False), "normal", False),
+    "k129": (((4, 130, 129), 132, False), ((4, 129, 136), 136, False), "normal", False),
     "k64_no_tma": (((4, 130, 64), 64, False), ((4, 64, 136), 137, False), "normal", False),
 }
 PREPASS_KERNEL = "prepass_kernel"  # (the grid pre-pass, prepass_kernel, and resident_prepass_kernel)
@@ -784,11 +789,14 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
 
 # (batch, m, n, k) for auto's tiles that are not fp16-safe where the tiles fold their line ranges; batch 0: 2 x SMs +
 # 3 entries of one tile, which the plan runs as persistent batch slots (three rounds), where the tile before a wide
-# one issued its stages (K = 96: all three) and the wide one reads them for its FMAs. K = 17: a partial stage.
+# one issued its stages (K = 96: all three; K = 128: the first three, and the wide one the fourth) and the wide one
+# reads them for its FMAs. K = 17 and 113: a partial stage.
 TILE_RANGE_FMA_CASES = {
     "one_tile": (1, 128, 128, 64),
     "one_tile_batched_k17": (5, 100, 120, 17),
     "one_tile_persistent_k96": (0, 128, 128, 96),
+    "one_tile_persistent_k128": (0, 128, 128, 128),
+    "one_tile_batched_k113": (5, 100, 120, 113),
     "3x4_tiles": (1, 300, 400, 64),
     "3x4_tiles_batched": (5, 300, 400, 40),
 }

@@ -245,8 +245,8 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
 }
 
 // For GemmArgs::tile_line_ranges, auto's tiles that are not fp16-safe (a line spanning more than fp16 keeps, an Inf
-// or a NaN): computed by the fp16 GEMM itself from the fp32 stages that hold the tile's whole K (k_count <= (kStages -
-// 1) kBlockK, every stage landed), with one float32 fused multiply-add per product in k order, as the small GEMM and
+// or a NaN): computed by the fp16 GEMM itself from the fp32 stages that hold the tile's whole K (k_count <= kStages
+// kBlockK, every stage landed), with one float32 fused multiply-add per product in k order, as the small GEMM and
 // the float32 fallback compute such outputs: float32's accuracy over its whole range, Inf and NaN as float32 gives
 // them, and no tf32 GEMM or fallback check after this kernel. Thread t sums rows 4 (t / 16) + 64 h + [0, 4) in pass
 // h < 2 at columns 4 (t % 16) + [0, 4) and 64 + 4 (t % 16) + [0, 4), and writes those inside the output (rows x cols
@@ -541,21 +541,30 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       mbarrier_wait(stage_full + slot_of(kt), ((ring_start + kt) / kStages) & 1u);
     };
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
+    constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;  // (see tile_line_ranges_apply)
+    // The stages issued at the piece's start: kStages - 1, the others as their slots free up (issue_ahead); where
+    // the tile folds its own line ranges, every stage of its K (up to kStages: the slot of the last one held the
+    // previous piece's last stage, which every warp was done with at work.next's barrier).
+    const int first_stages = kTileRangesCode && args.tile_line_ranges ? k_tiles : min(kStages - 1, k_tiles);
     // Stage kt + kStages - 1 of this piece, issued in stage kt as its ring slot frees up; past the piece's end,
     // the first stages of the block's next piece (stage j into the slot that this piece's stage k_tiles + j
     // would take: the ring runs on), so that they land while this piece's last products and its flush run
     // and the next piece starts with them in place. Pieces shorter than kStages - 1 stages leave the next one
     // to issue its own (its first stages must be issued in order).
+    // (Unsigned compares: a stage already issued at the start, ahead < first_stages, is neither this piece's to
+    // issue nor the next one's, j < 0; one compare each, as where first_stages is always kStages - 1.)
     auto issue_ahead = [&](int kt) {
       const int ahead = kt + kStages - 1;
-      if (ahead < k_tiles) {
+      if (static_cast<unsigned>(ahead - first_stages) < static_cast<unsigned>(k_tiles - first_stages)) {
         issue_tma_stage(ahead);
         return;
       }
       if (!kIssueNextPiece || lane != 0 || warp >= kTmaBoxes) return;
       const NextBox next = next_box[warp];
       const int j = ahead - k_tiles;
-      if (j < next.stages) issue_box(ahead, next.k_begin + j * kBlockK, next.line, next.z);
+      if (static_cast<unsigned>(j) < static_cast<unsigned>(next.stages)) {
+        issue_box(ahead, next.k_begin + j * kBlockK, next.line, next.z);
+      }
     };
     if constexpr (kIssueNextPiece) {
       if (lane == 0 && warp < kTmaBoxes) {
@@ -576,7 +585,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // previous piece may have issued them.
     if constexpr (kTma) {
       const int issued = !kIssueNextPiece || previous_k_tiles < kStages - 1 ? 0 : min(kStages - 1, k_tiles);
-      for (int s = issued; s < kStages - 1 && s < k_tiles; ++s) issue_tma_stage(s);
+      for (int s = issued; s < first_stages; ++s) issue_tma_stage(s);
     }
     // The pre-pass's line ranges (and zeroed output), or without a pre-pass the zeroed workspace; A and B were
     // complete before either.
@@ -586,7 +595,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       wait_for_prior_grid();
     }
     // Where K is short (GemmArgs::tile_line_ranges), the line ranges come from the tile's own stages: all of them
-    // were issued above (K fits in kStages - 1), and each thread folds its line from each stage as it lands.
+    // were issued above (K fits in kStages), and each thread folds its line from each stage as it lands.
     auto fold_line_scales = [&]() {
       const int r = threadIdx.x;  // (A's rows in warps 0-3, B's columns in warps 4-7: no divergence)
       MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
@@ -606,7 +615,6 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
       return line_scales_from<kM>(scales, in_matrix, range);
     };
-    constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;  // (see tile_line_ranges_apply)
     const TileLines lines = kTileRangesCode && args.tile_line_ranges ? fold_line_scales()
                                                                       : load_line_scales<kM>(args, scales, z, m0, n0);
     // The tile's output: its first element, and its rows and columns inside the matrix.
@@ -624,9 +632,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       }
       if (!kTf32 && !args.tile_line_ranges && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       if constexpr (kTma) {  // the stages in flight land before their slots are used again
-        for (int s = 0; s < kStages - 1 && s < k_tiles; ++s) wait_tma_stage(s);
+        for (int s = 0; s < first_stages; ++s) wait_tma_stage(s);
       }
-      ring_start += min(kStages - 1, k_tiles);
+      ring_start += first_stages;
       previous_k_tiles = 0;
       continue;
     }

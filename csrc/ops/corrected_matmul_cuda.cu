@@ -8,7 +8,7 @@
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
 //    that zeroes the workspace (line_range_prepass.cuh). In batched calls on H100/H200 it may instead run as
 //    one block of four warps per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
-//    Where K <= 96 and a batch entry's output is one tile, there is no pre-pass: the wgmma fp16 GEMM's tiles
+//    Where K <= 128 and a batch entry's output is one tile, there is no pre-pass: the wgmma fp16 GEMM's tiles
 //    fold their lines from the stages they load (GemmArgs::tile_line_ranges, tile_line_ranges_apply).
 // 2. GEMM (corrected_gemm_wmma.cuh): 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are
 //    read in place (row- or column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline
@@ -727,9 +727,10 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
 }
 
 // Whether the fp16 GEMM folds each tile's line ranges from its own stages (GemmArgs::tile_line_ranges), so that
-// the call runs no pre-pass. It can where a tile's whole K lies in the kStages - 1 stages that it issues at its
-// start (K <= 96) and every tile is computed whole (no split-K or stream-K): fp16 and auto on the wgmma kernel
-// with TMA stages (TMA must read both operands in place: encode_tma_maps). It does by default where a batch entry's
+// the call runs no pre-pass. It can where a tile's whole K lies in the kStages stages that it issues at its start
+// (K <= 128: the last one in the slot of the previous piece's last stage, which frees up as that piece ends) and
+// every tile is computed whole (no split-K or stream-K): fp16 and auto on the wgmma kernel with TMA stages (TMA
+// must read both operands in place: encode_tma_maps). It does by default where a batch entry's
 // output is one tile (m, n <= 128), so that each line is folded once, as the pre-pass folds it, and no tile waits
 // for a pre-pass that reads as many bytes as the GEMM. H200, session 82, same build, two rounds of alternating
 // processes, us per call back to back, pre-pass -> tiles' own ranges (auto; fp16): 512 x 128^2 x 64 48.5-49.7 ->
@@ -742,7 +743,7 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
 bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels) {
   if (env_is("TORCH_WMMAE_TILE_RANGES", "0")) return false;
   const bool can = args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma &&
-                   args.k <= (sm90::kStages - 1) * sm90::kBlockK && !args.adds_into_output();
+                   args.k <= sm90::kStages * sm90::kBlockK && !args.adds_into_output();
   return can && (env_is("TORCH_WMMAE_TILE_RANGES", "1") || (args.m <= kBlockM && args.n <= kBlockN));
 }
 
