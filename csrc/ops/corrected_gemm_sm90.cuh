@@ -552,7 +552,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // and the next piece starts with them in place. Pieces shorter than kStages - 1 stages leave the next one
     // to issue its own (its first stages must be issued in order).
     // (Unsigned compares: a stage already issued at the start, ahead < first_stages, is neither this piece's to
-    // issue nor the next one's, j < 0; one compare each, as where first_stages is always kStages - 1.)
+    // issue nor the next one's, j < 0; one compare each, as where first_stages was always kStages - 1. A second,
+    // signed compare instead made the stage loop of row-major A and B slower: H200, session 93, same run, fp16
+    // 4096^3 996 -> 1054 us; this form 1009, and both column-major 1051 -> 993.)
     auto issue_ahead = [&](int kt) {
       const int ahead = kt + kStages - 1;
       if (static_cast<unsigned>(ahead - first_stages) < static_cast<unsigned>(k_tiles - first_stages)) {

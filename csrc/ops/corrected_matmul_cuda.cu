@@ -738,8 +738,9 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
 // (20.3 from 31.1-31.4), 1024 x 128^2 x 64 81.8-82.5 -> 73.0 (62.7-62.8 from 82.5-83.3), 2048 x 64^2 x 64
 // 126.7-127.5 -> 113.9. Where tiles share lines, each folds them again: with many tiles that cost more than the
 // pre-pass (64 x 1024^2 x 64: auto 196-197 -> 215-216), with few it gained for fp16 only (128 x 256^2 x 64: fp16
-// 36.3-36.4 -> 31.8-31.9, auto 40.7-40.8 -> 41.9-42.2). TORCH_WMMAE_TILE_RANGES=0 turns it off, =1 on wherever it
-// can run (the ranges, and so the outputs, are the same).
+// 36.3-36.4 -> 31.8-31.9, auto 40.7-40.8 -> 41.9-42.2). K = 97-128 (session 93, same run, auto): 256 x 128^3
+// 37.4 -> 24.0, 512 x 128^3 61.3 -> 41.7, 300 x 128^2 x 112 42.7 -> 32.2. TORCH_WMMAE_TILE_RANGES=0 turns it off,
+// =1 on wherever it can run (the ranges, and so the outputs, are the same).
 bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels) {
   if (env_is("TORCH_WMMAE_TILE_RANGES", "0")) return false;
   const bool can = args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma &&
