@@ -26,7 +26,7 @@ import torch
 import torch_wmmae
 from conftest import (DEVICES, READ_BACK_KERNEL, SMALL_GEMM_KERNEL_ARGS, deterministic, device_gemm_grid,
                       extension_cubin_archs, extension_has_sm90a_code, launched_kernels, outputs_at_risk,
-                      persistent_slots_batch, poisoned_cuda_pool, profiler_records_kernels, random_tensor,
+                      persistent_slots_batch, poisoned_cuda_pool, profiler_records_kernels, random_signs, random_tensor,
                       random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
@@ -684,6 +684,9 @@ def test_corrected_matmul_persistent_batch_slots(gen, monkeypatch, method, layou
         a[batch // 2, 7, 2] = 2.0**-30
     b_shape = (k, n) if layout == "broadcast_b" else (batch, k, n)
     b = _strided_matrix(gen, b_shape, k if layout == "col_col" else n, 0, col_major=layout == "col_col")
+    # (The subject is the pre-pass path: the tiles' own line ranges with persistent slots are
+    # TILE_RANGE_FMA_CASES' "2x2_tiles_persistent_k100".)
+    monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "0")
     outs, kernels = {}, {}
     for stages in ("1", "0"):
         monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", stages)
@@ -726,8 +729,8 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
 
 # The line ranges folded by the fp16 GEMM's tiles from their own stages (GemmArgs::tile_line_ranges), where K fits
 # in the stages a tile issues at its start (K <= 128) and TMA reads both operands in place; no pre-pass runs then.
-# By default only where a batch entry's output is one tile; TORCH_WMMAE_TILE_RANGES=1 wherever it can run, =0
-# nowhere. (a as (shape, line stride, column-major), b likewise, magnitudes, whether it can run.) Every layout
+# By default where a batch entry's output is one tile or the call has few waves of tiles (every case here; the rule:
+# test_corrected_matmul_tile_line_ranges_rule); TORCH_WMMAE_TILE_RANGES=1 wherever it can run, =0 nowhere. (a as (shape, line stride, column-major), b likewise, magnitudes, whether it can run.) Every layout
 # (k-inner and line-inner stage tiles), K from 1 to 128 (partial stages: TMA's zeros past K; K > 96: the fourth
 # stage, which a tile issues into the slot of the previous piece's last), partial tiles, a single matrix and a batch
 # (one tile per entry, and entries of several tiles that fold the same lines), a broadcast b, magnitudes over 2^+-40
@@ -771,10 +774,9 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
     if magnitudes == "wide":
         _make_wide(gen, a, b)
-    one_tile = a_shape[-2] <= 128 and b_shape[-1] <= 128
     outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_TILE_RANGES", ("default", "1", "0"),
                                      lambda: torch_wmmae.corrected_matmul(a, b, method=method))
-    folds = {"default": can and one_tile, "1": can, "0": False}
+    folds = {"default": can, "1": can, "0": False}
     for switch in ("default", "1"):
         # (auto's tiles that are not fp16-safe: float32 FMAs where the tiles fold, tf32 after a pre-pass)
         if method == "fp16" or magnitudes == "normal" or not folds[switch]:
@@ -787,10 +789,53 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
             assert any(PREPASS_KERNEL in name for name in kernels[switch]) != folded, (switch, kernels[switch])
 
 
-# (batch, m, n, k) for auto's tiles that are not fp16-safe where the tiles fold their line ranges; batch 0: 2 x SMs +
-# 3 entries of one tile, which the plan runs as persistent batch slots (three rounds), where the tile before a wide
-# one issued its stages (K = 96: all three; K = 128: the first three, and the wide one the fourth) and the wide one
-# reads them for its FMAs. K = 17 and 113: a partial stage.
+# The default rule of the tiles' own line ranges (tile_line_ranges_apply), at its bounds: (m, n, k, waves, extra
+# entries), the batch being `waves` waves of tiles (a tile per SM) plus `extra` entries; whether fp16 and auto fold.
+TILE_RANGE_RULE_CASES = {
+    "2x2_tiles_8_waves": ((256, 256, 64, 8, 0), True, True),
+    "2x2_tiles_8_waves_and_an_entry": ((256, 256, 64, 8, 1), False, True),
+    "2x2_tiles_16_waves": ((256, 256, 64, 16, 0), False, True),
+    "2x2_tiles_16_waves_and_an_entry": ((256, 256, 64, 16, 1), False, False),
+    "one_tile_17_waves": ((128, 128, 64, 17, 0), True, True),  # (each line folded once: any number of entries)
+    "2x3_tiles_k128": ((256, 384, 128, 1, 0), True, True),
+    "2x2_tiles_k129": ((256, 256, 129, 1, 0), False, False),  # (K beyond the tile's stages: never)
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fp16", "auto"])
+@pytest.mark.parametrize("case", list(TILE_RANGE_RULE_CASES))
+def test_corrected_matmul_tile_line_ranges_rule(gen, monkeypatch, case, method):
+    """By default the tiles fold their own line ranges (no pre-pass) where a batch entry's output is one tile, or where
+    the call has at most 8 waves of tiles (fp16) or 16 (auto, which so also saves the tf32 GEMM and the fallback
+    check); beyond that, each tile folding its shared lines again costs more than a pre-pass. Either way the same
+    bits and the dot-product bound: magnitudes in [1, 2) keep every tile fp16-safe (U(-1, 1) drawn in float64 holds,
+    among millions of elements, some below 2^-28, whose line auto computes with float32 FMAs where the tiles fold
+    and with the tf32 split after a pre-pass)."""
+    if not _sees_sm90_kernels() or "sm90_tma" not in torch.ops.wmmae._corrected_matmul_kernel_choice(
+            torch.empty(0, device="cuda")):
+        pytest.skip("the rule is the wgmma kernel's with TMA stages, and this test needs the profiler's kernel names")
+    (m, n, k, waves, extra), fp16_folds, auto_folds = TILE_RANGE_RULE_CASES[case]
+    tiles_per_entry = -(-m // 128) * -(-n // 128)
+    batch = waves * torch.cuda.get_device_properties(0).multi_processor_count // tiles_per_entry + extra
+    a = (random_signs(gen, (batch, m, k)) * (1 + torch.rand(batch, m, k, generator=gen))).float().cuda()
+    b = (random_signs(gen, (batch, k, n)) * (1 + torch.rand(batch, k, n, generator=gen))).float().cuda()
+    # (Deterministic mode: no split of K, which would rule the folds out whatever the tile count.)
+    outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_TILE_RANGES", ("default", "0"),
+                                     lambda: torch_wmmae.corrected_matmul(a, b, method=method))
+    folds = fp16_folds if method == "fp16" else auto_folds
+    assert any(PREPASS_KERNEL in name for name in kernels["default"]) != folds, kernels["default"]
+    assert any(PREPASS_KERNEL in name for name in kernels["0"]), kernels["0"]
+    torch.testing.assert_close(outs["default"], outs["0"], rtol=0, atol=0)
+    assert_matmul_within_dot_product_bound(outs["default"], a, b, case)
+
+
+# (batch, m, n, k) for auto's tiles that are not fp16-safe where the tiles fold their line ranges (by default: one
+# tile per entry, or few waves of tiles); batch 0: 2 x SMs + 3 entries, which the plan runs as persistent batch slots
+# (one tile per entry: three rounds; 2 x 2 tiles: about nine), where the tile before a wide one issued its stages
+# (K = 96: all three; K = 100 and 128: the first three, and the wide one the fourth) and the wide one reads them for
+# its FMAs. K = 17, 100 and 113: a partial stage.
 TILE_RANGE_FMA_CASES = {
     "one_tile": (1, 128, 128, 64),
     "one_tile_batched_k17": (5, 100, 120, 17),
@@ -799,6 +844,7 @@ TILE_RANGE_FMA_CASES = {
     "one_tile_batched_k113": (5, 100, 120, 113),
     "3x4_tiles": (1, 300, 400, 64),
     "3x4_tiles_batched": (5, 300, 400, 40),
+    "2x2_tiles_persistent_k100": (0, 200, 136, 100),
 }
 TF32_EXIT_KERNELS = ("corrected_gemm_sm90_tf32_kernel", "float32_fallback_kernel")
 
@@ -809,8 +855,8 @@ TF32_EXIT_KERNELS = ("corrected_gemm_sm90_tf32_kernel", "float32_fallback_kernel
 @pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
 @pytest.mark.parametrize("case", list(TILE_RANGE_FMA_CASES))
 def test_corrected_matmul_tile_line_ranges_auto_takes_float32_fmas(gen, monkeypatch, case, a_col, b_col):
-    """auto where the tiles fold their line ranges (by default where a batch entry's output is one tile; 3 x 4 tiles:
-    TORCH_WMMAE_TILE_RANGES=1): a tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf; a
+    """auto where the tiles fold their line ranges (by default: these calls have one tile per entry or few tiles): a
+    tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf; a
     row with a NaN) is computed by the fp16 GEMM itself from the stages it holds, with one float32 fused multiply-add
     per product in k order (those bits, exactly: _fma_sequence_reference), every other tile with the fp16 method's
     bits; in every layout, and with no pre-pass, tf32 GEMM or fallback check launched (the poisoned pool: every output
@@ -820,10 +866,7 @@ def test_corrected_matmul_tile_line_ranges_auto_takes_float32_fmas(gen, monkeypa
         batch = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 3
         if not device_gemm_grid(m, n, k, batch)[4]:
             pytest.skip("the plan does not make this shape persistent on this GPU")
-    if m <= 128 and n <= 128:
-        monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
-    else:
-        monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "1")
+    monkeypatch.delenv("TORCH_WMMAE_TILE_RANGES", raising=False)
     padded = lambda inner: (inner + 3) // 4 * 4 + 4  # line strides that TMA can read (16-byte multiples)
     a = _strided_matrix(gen, (batch, m, k), padded(m if a_col else k), 0, col_major=a_col)
     b = _strided_matrix(gen, (batch, k, n), padded(k if b_col else n), 0, col_major=b_col)

@@ -8,8 +8,9 @@
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
 //    that zeroes the workspace (line_range_prepass.cuh). In batched calls on H100/H200 it may instead run as
 //    one block of four warps per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
-//    Where K <= 128 and a batch entry's output is one tile, there is no pre-pass: the wgmma fp16 GEMM's tiles
-//    fold their lines from the stages they load (GemmArgs::tile_line_ranges, tile_line_ranges_apply).
+//    Where K <= 128 and a batch entry's output is one tile, or the call has at most 8 (fp16) or 16 (auto) waves of
+//    tiles, there is no pre-pass: the wgmma fp16 GEMM's tiles fold their lines from the stages they load
+//    (GemmArgs::tile_line_ranges, tile_line_ranges_apply).
 // 2. GEMM (corrected_gemm_wmma.cuh): 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are
 //    read in place (row- or column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline
 //    of fp32 tiles; a split pass scales each value by its row's / column's power of two and splits it into hi
@@ -730,22 +731,34 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
 // the call runs no pre-pass. It can where a tile's whole K lies in the kStages stages that it issues at its start
 // (K <= 128: the last one in the slot of the previous piece's last stage, which frees up as that piece ends) and
 // every tile is computed whole (no split-K or stream-K): fp16 and auto on the wgmma kernel with TMA stages (TMA
-// must read both operands in place: encode_tma_maps). It does by default where a batch entry's
-// output is one tile (m, n <= 128), so that each line is folded once, as the pre-pass folds it, and no tile waits
-// for a pre-pass that reads as many bytes as the GEMM. H200, session 82, same build, two rounds of alternating
-// processes, us per call back to back, pre-pass -> tiles' own ranges (auto; fp16): 512 x 128^2 x 64 48.5-49.7 ->
-// 44.9-45.0 (34.2 from 47.1-47.2), x 32 39.5-39.8 -> 36.6 (26.7 from 38.9-39.2), 256 x 128^2 x 96 32.3-32.7 -> 27.9
-// (20.3 from 31.1-31.4), 1024 x 128^2 x 64 81.8-82.5 -> 73.0 (62.7-62.8 from 82.5-83.3), 2048 x 64^2 x 64
-// 126.7-127.5 -> 113.9. Where tiles share lines, each folds them again: with many tiles that cost more than the
-// pre-pass (64 x 1024^2 x 64: auto 196-197 -> 215-216), with few it gained for fp16 only (128 x 256^2 x 64: fp16
-// 36.3-36.4 -> 31.8-31.9, auto 40.7-40.8 -> 41.9-42.2). K = 97-128 (session 93, same run, auto): 256 x 128^3
-// 37.4 -> 24.0, 512 x 128^3 61.3 -> 41.7, 300 x 128^2 x 112 42.7 -> 32.2. TORCH_WMMAE_TILE_RANGES=0 turns it off,
-// =1 on wherever it can run (the ranges, and so the outputs, are the same).
-bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels) {
+// must read both operands in place: encode_tma_maps). Where a batch entry's output is one tile (m, n <= 128) each
+// line is folded once, as the pre-pass folds it, so it always does. Where tiles share lines, each folds them
+// again: a cost per tile (about 0.6 us per wave of tiles at K = 64, H200), against the pre-pass's fixed cost (its
+// launch and its reads before the first tile's scales, and for auto the tf32 GEMM and the fallback check, which
+// the folding GEMM needs not: about 7-11 us for fp16, 11-12 for auto). So it does up to kTileRangesFp16Waves /
+// kTileRangesAutoWaves waves of tiles. H200, session 94, same build, three rounds of alternating processes, us per
+// call back to back, pre-pass -> tiles' own ranges, auto (fp16): 32 x 512^2 x 64 37.2 -> 29.5 (34.3 -> 29.5),
+// 128 x 256^2 x 64 40.4 -> 31.6 (36.7 -> 31.6), 1024^2 x 64 13.6 -> 9.3 (10.5 -> 9.3), 4096^2 x 64 (8 waves)
+// 67.6 -> 56.3 (61.5 -> 56.3), 4096^2 x 128 82.5 -> 75.6 (76.6 -> 75.6), 16 x 1024^2 x 64 (8 waves) 61.1 -> 54.5
+// (56.1 -> 54.4), 8 x 2048^2 x 64 (16 waves) 113.6 -> 109.1 (107.3 -> 109.2); 31 waves: 64 x 1024^2 x 64 198.1 ->
+// 204.5 (191.1 -> 204.8), 8192^2 x 128 280.5 -> 288.2 (260.4 -> 287.9), 4 x 4096^2 x 96 242.5 -> 244.3 (228.2 ->
+// 244.5), 8192^2 x 64 222.7 -> 219.5 (207.1 -> 219.1); auto with a row spanning 2^60 in every eighth row of tiles
+// (those tiles take float32 FMAs instead of the tf32 GEMM) gained on every shape tried, 64 x 1024^2 x 64 560 -> 423.
+// One tile per entry, session 82 (auto; fp16): 512 x 128^2 x 64 48.5-49.7 -> 44.9-45.0 (47.1-47.2 -> 34.2), 1024 x
+// 128^2 x 64 81.8-82.5 -> 73.0 (82.5-83.3 -> 62.7-62.8); session 93 (auto): 256 x 128^3 37.4 -> 24.0, 300 x 128^2
+// x 112 42.7 -> 32.2. TORCH_WMMAE_TILE_RANGES=0 turns it off, =1 on wherever it can run (the ranges, and so the
+// fp16 method's outputs, are the same).
+constexpr std::int64_t kTileRangesFp16Waves = 8;
+constexpr std::int64_t kTileRangesAutoWaves = 16;
+bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels, std::int64_t tiles_per_entry,
+                            int sm_count) {
   if (env_is("TORCH_WMMAE_TILE_RANGES", "0")) return false;
   const bool can = args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma &&
                    args.k <= sm90::kStages * sm90::kBlockK && !args.adds_into_output();
-  return can && (env_is("TORCH_WMMAE_TILE_RANGES", "1") || (args.m <= kBlockM && args.n <= kBlockN));
+  if (!can) return false;
+  const std::int64_t waves = args.method == Method::automatic ? kTileRangesAutoWaves : kTileRangesFp16Waves;
+  return env_is("TORCH_WMMAE_TILE_RANGES", "1") || (args.m <= kBlockM && args.n <= kBlockN) ||
+         tiles_per_entry * args.num_batches <= waves * sm_count;
 }
 
 // tma_maps for the operands' layout (a_row, b_row: row-major).
@@ -1127,8 +1140,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
   // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
 #ifdef WMMAE_HAS_SM90A
-  args.tile_line_ranges =
-      tile_line_ranges_apply(args, kernels) && encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
+  args.tile_line_ranges = tile_line_ranges_apply(args, kernels, grid.tiles, sm_count) &&
+                          encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
   if (args.tile_line_ranges) gemm_maps = &gemm_tma_maps;
   const bool resident = !args.tile_line_ranges && resident_prepass_applies(args, kernels);
 #else
