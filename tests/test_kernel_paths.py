@@ -1026,15 +1026,18 @@ def _run_chain(x, bs, sync_each_step: bool) -> list:
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,n", [(12, 256), (1, 1000), (1, 136), (600, 64), (200, 64), (2000, 20)],
-                         ids=["batched", "n1000", "n136", "small_gemm64", "small_gemm64_partial_wave", "small_gemm20"])
+@pytest.mark.parametrize("batch,n", [(12, 256), (1, 1000), (1, 136), (64, 128), (600, 64), (200, 64), (2000, 20)],
+                         ids=["batched", "n1000", "n136", "tiles_fold_k128", "small_gemm64",
+                              "small_gemm64_partial_wave", "small_gemm20"])
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
 def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monkeypatch, batch, n, split_k):
     """Every step is within the dot-product bound of its own input; deterministic chains give the same bits
     as the same chain with the host waiting after every step (nothing overlaps then) and as its CUDA graph.
     The steps' outputs alternate between magnitudes about 2^20 apart, so that a line scale taken from the
     wrong data (a workspace zeroed too early, an input read before it was written) overflows or flushes the
-    fp16 split and fails the bound. The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
+    fp16 split and fails the bound. In tiles_fold_k128 the fp16 and auto steps' tiles fold their own line ranges
+    (K = 128, one tile per entry: no pre-pass; the GEMM's first loads rely on the workspace's zeroing having waited
+    for the step before). The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
     overlap the kernel before it, like a call's first kernel), their tf32 steps the tile GEMMs; on H100/H200 the
     partial wave's grid (200 blocks, 4 per SM) lets the next step launch only as its blocks exit, the others (600
     blocks of tile 64, 5 per SM with the hi*hi sums per fragment on 132 SMs: small_gemm_hh_per_fragment; 2000 of
