@@ -730,12 +730,13 @@ def test_corrected_matmul_resident_prepass_rule(gen, monkeypatch, shape, residen
 # The line ranges folded by the fp16 GEMM's tiles from their own stages (GemmArgs::tile_line_ranges), where K fits
 # in the stages a tile issues at its start (K <= 128) and TMA reads both operands in place; no pre-pass runs then.
 # By default where a batch entry's output is one tile or the call has few waves of tiles (every case here; the rule:
-# test_corrected_matmul_tile_line_ranges_rule); TORCH_WMMAE_TILE_RANGES=1 wherever it can run, =0 nowhere. (a as (shape, line stride, column-major), b likewise, magnitudes, whether it can run.) Every layout
-# (k-inner and line-inner stage tiles), K from 1 to 128 (partial stages: TMA's zeros past K; K > 96: the fourth
-# stage, which a tile issues into the slot of the previous piece's last), partial tiles, a single matrix and a batch
-# (one tile per entry, and entries of several tiles that fold the same lines), a broadcast b, magnitudes over 2^+-40
-# with an Inf and a NaN (the exact re-fold), and where it cannot run: K = 129, and an operand that TMA cannot read
-# (a line stride of 137 elements).
+# test_corrected_matmul_tile_line_ranges_rule); TORCH_WMMAE_TILE_RANGES=1 wherever it can run, =0 nowhere. (a as
+# (shape, line stride, column-major), b likewise, magnitudes, whether it can run.) Every layout (k-inner and
+# line-inner stage tiles), K from 1 to 128 (partial stages: TMA's zeros past K; K > 96: the fourth stage, which a tile
+# issues into the slot of the previous piece's last), partial tiles, a single matrix and a batch (one tile per entry,
+# and entries of several tiles that fold the same lines), a broadcast b, magnitudes over 2^+-40 with an Inf and a NaN
+# (the exact re-fold), and where it cannot run: K = 129, and an operand that TMA cannot read (a line stride of 137
+# elements).
 TILE_RANGE_CASES = {
     "k64_row_row_batched": (((6, 200, 64), 64, False), ((6, 64, 136), 136, False), "normal", True),
     "k1_row_row": (((130, 1), 4, False), ((1, 260), 260, False), "normal", True),
@@ -817,7 +818,7 @@ def test_corrected_matmul_tile_line_ranges_rule(gen, monkeypatch, case, method):
             torch.empty(0, device="cuda")):
         pytest.skip("the rule is the wgmma kernel's with TMA stages, and this test needs the profiler's kernel names")
     (m, n, k, waves, extra), fp16_folds, auto_folds = TILE_RANGE_RULE_CASES[case]
-    tiles_per_entry = -(-m // 128) * -(-n // 128)
+    tiles_per_entry = device_gemm_grid(m, n, k)[0]
     batch = waves * torch.cuda.get_device_properties(0).multi_processor_count // tiles_per_entry + extra
     a = (random_signs(gen, (batch, m, k)) * (1 + torch.rand(batch, m, k, generator=gen))).float().cuda()
     b = (random_signs(gen, (batch, k, n)) * (1 + torch.rand(batch, k, n, generator=gen))).float().cuda()
@@ -856,11 +857,10 @@ TF32_EXIT_KERNELS = ("corrected_gemm_sm90_tf32_kernel", "float32_fallback_kernel
 @pytest.mark.parametrize("case", list(TILE_RANGE_FMA_CASES))
 def test_corrected_matmul_tile_line_ranges_auto_takes_float32_fmas(gen, monkeypatch, case, a_col, b_col):
     """auto where the tiles fold their line ranges (by default: these calls have one tile per entry or few tiles): a
-    tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf; a
-    row with a NaN) is computed by the fp16 GEMM itself from the stages it holds, with one float32 fused multiply-add
-    per product in k order (those bits, exactly: _fma_sequence_reference), every other tile with the fp16 method's
-    bits; in every layout, and with no pre-pass, tf32 GEMM or fallback check launched (the poisoned pool: every output
-    written)."""
+    tile with a line that fp16 cannot hold (a row spanning 2^60; a column with an Inf; a row with a NaN) is computed
+    by the fp16 GEMM itself from the stages it holds, with one float32 fused multiply-add per product in k order
+    (those bits, exactly: _fma_sequence_reference), every other tile with the fp16 method's bits; in every layout,
+    and with no pre-pass, tf32 GEMM or fallback check launched (the poisoned pool: every output written)."""
     batch, m, n, k = TILE_RANGE_FMA_CASES[case]
     if batch == 0:
         batch = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 3

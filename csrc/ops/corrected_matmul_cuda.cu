@@ -731,7 +731,7 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
 // the call runs no pre-pass. It can where a tile's whole K lies in the kStages stages that it issues at its start
 // (K <= 128: the last one in the slot of the previous piece's last stage, which frees up as that piece ends) and
 // every tile is computed whole (no split-K or stream-K): fp16 and auto on the wgmma kernel with TMA stages (TMA
-// must read both operands in place: encode_tma_maps). Where a batch entry's output is one tile (m, n <= 128) each
+// must read both operands in place: encode_tma_maps). Where a batch entry's output is one tile (m, n <= 128), each
 // line is folded once, as the pre-pass folds it, so it always does. Where tiles share lines, each folds them
 // again: a cost per tile (about 0.6 us per wave of tiles at K = 64, H200), against the pre-pass's fixed cost (its
 // launch and its reads before the first tile's scales, and for auto the tf32 GEMM and the fallback check, which
@@ -757,7 +757,7 @@ bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels, s
                    args.k <= sm90::kStages * sm90::kBlockK && !args.adds_into_output();
   if (!can) return false;
   const std::int64_t waves = args.method == Method::automatic ? kTileRangesAutoWaves : kTileRangesFp16Waves;
-  return env_is("TORCH_WMMAE_TILE_RANGES", "1") || (args.m <= kBlockM && args.n <= kBlockN) ||
+  return env_is("TORCH_WMMAE_TILE_RANGES", "1") || tiles_per_entry == 1 ||
          tiles_per_entry * args.num_batches <= waves * sm_count;
 }
 
