@@ -769,7 +769,7 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     """The GEMM's tiles find the same line ranges in their stages as the pre-pass does in global memory (so the
     same output bits, but for auto's tiles that are not fp16-safe, which take float32 FMAs where the tiles fold and
     the tf32 GEMM after a pre-pass), the output is correct, and no pre-pass runs exactly where the rule (or the
-    switch) says."""
+    switch) says: there the call's one kernel is the GEMM (no workspace, so no zeroing either)."""
     (a_shape, a_ld, a_col), (b_shape, b_ld, b_col), magnitudes, can = TILE_RANGE_CASES[case]
     a = _strided_matrix(gen, a_shape, a_ld, 0, col_major=a_col)
     b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
@@ -788,6 +788,8 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     if _sees_sm90_kernels():
         for switch, folded in folds.items():
             assert any(PREPASS_KERNEL in name for name in kernels[switch]) != folded, (switch, kernels[switch])
+            ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
+            assert (len(ran) == 1 and TMA_KERNEL.search(ran[0]) is not None) == folded, (switch, ran)
 
 
 # The default rule of the tiles' own line ranges (tile_line_ranges_apply), at its bounds: (m, n, k, waves, extra
@@ -1000,7 +1002,8 @@ def test_corrected_matmul_resident_prepass_in_cuda_graph(gen, monkeypatch):
 # overlap the kernel before it and waits for that grid before it writes or lets the call's next kernel start;
 # without that wait it would zero the workspace of the call before (the same memory, from the caching
 # allocator) while that call's GEMM still reads it, and the pre-pass after it would read a call's input
-# before it was written.
+# before it was written. Where the call is one kernel (the small GEMM, or a GEMM whose tiles fold their line
+# ranges), that kernel is launched likewise and waits for the grid before it before it reads A or B.
 CHAIN_STEPS = ["auto", "fp16", "copy", "tf32", "auto", "torch_kernel", "fp16", "auto", "tf32", "copy", "auto"]
 
 
@@ -1036,8 +1039,8 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
     The steps' outputs alternate between magnitudes about 2^20 apart, so that a line scale taken from the
     wrong data (a workspace zeroed too early, an input read before it was written) overflows or flushes the
     fp16 split and fails the bound. In tiles_fold_k128 the fp16 and auto steps' tiles fold their own line ranges
-    (K = 128, one tile per entry: no pre-pass; the GEMM's first loads rely on the workspace's zeroing having waited
-    for the step before). The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
+    (K = 128, one tile per entry: the step is the GEMM alone, which waits for the step before before its first
+    loads). The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
     overlap the kernel before it, like a call's first kernel), their tf32 steps the tile GEMMs; on H100/H200 the
     partial wave's grid (200 blocks, 4 per SM) lets the next step launch only as its blocks exit, the others (600
     blocks of tile 64, 5 per SM with the hi*hi sums per fragment on 132 SMs: small_gemm_hh_per_fragment; 2000 of
@@ -1059,7 +1062,7 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
         x_in = x0.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            x_in.neg_()  # (a kernel node before the first call's zeroing)
+            x_in.neg_()  # (a kernel node before the first call's first kernel)
             captured = _run_chain(x_in, bs, sync_each_step=False)
         for replay in range(2):
             x_in.copy_(random_tensor(gen, x0.shape, "normal", "cuda"))

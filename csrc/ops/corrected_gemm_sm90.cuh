@@ -349,7 +349,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
-  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either; or as each block starts its last
+  // auto's tf32 GEMM after the fp16 one, the next call's first kernel after either; or as each block starts its last
   // piece (GemmArgs::dependents_at_last_piece, below)
   if (!args.dependents_at_last_piece) allow_dependent_grid();
   // (Not compiled beside the resident pre-pass, whose launches are never staggered: there it put a
@@ -485,6 +485,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // k-stages of the previous piece where it ran its stage loop (0 where it did not), which then issued
   // this piece's first stages (see issue_ahead).
   int previous_k_tiles = 0;
+  // Where the tiles fold their line ranges this is the call's only kernel (no workspace to zero before it): the
+  // kernel before it on the stream may write A or B, so the block waits for it before its first loads.
+  if (args.tile_line_ranges) wait_for_prior_grid();
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
     const std::int64_t z = piece.z;
     // (A block without a piece lets them as it exits.)
@@ -590,7 +593,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       for (int s = issued; s < first_stages; ++s) issue_tma_stage(s);
     }
     // The pre-pass's line ranges (and zeroed output), or without a pre-pass the zeroed workspace; A and B were
-    // complete before either.
+    // complete before either. (Where the tiles fold their line ranges, a no-op: waited for above.)
     if constexpr (kBesidePrepass) {
       wait_for_resident_prepass(args.prepass_items_done, z, args.prepass_items_per_batch);
     } else {

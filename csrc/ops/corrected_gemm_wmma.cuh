@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
 
   const std::int64_t m = args.m, n = args.n, k = args.k;
   const Method method = args.method;
-  allow_dependent_grid();  // auto's tf32 GEMM after the fp16 one, the next call's zeroing after either
+  allow_dependent_grid();  // auto's tf32 GEMM after the fp16 one, the next call's first kernel after either
   if (M == Method::tf32 && method == Method::automatic) {
     wait_for_prior_grid();  // the fp16 GEMM's tf32_tiles_pending
     if (*args.tf32_tiles_pending == 0) return;

@@ -10,7 +10,7 @@
 //    one block of four warps per SM beside the GEMM, batch entry by batch entry (resident_prepass_sm90.cuh).
 //    Where K <= 128 and a batch entry's output is one tile, or the call has at most 8 (fp16) or 16 (auto) waves of
 //    tiles, there is no pre-pass: the wgmma fp16 GEMM's tiles fold their lines from the stages they load
-//    (GemmArgs::tile_line_ranges, tile_line_ranges_apply).
+//    (GemmArgs::tile_line_ranges, tile_line_ranges_apply), and that GEMM is the call's only kernel (no workspace).
 // 2. GEMM (corrected_gemm_wmma.cuh): 128x128 output tiles, 8 warps of 64x32, one block per SM. A and B are
 //    read in place (row- or column-major views, batch strides, any alignment) by a 4-stage cp.async pipeline
 //    of fp32 tiles; a split pass scales each value by its row's / column's power of two and splits it into hi
@@ -153,7 +153,8 @@ struct GemmArgs {
   // The wgmma fp16 GEMM with TMA stages folds its tile's line ranges itself from the stages it holds, in place of
   // any pre-pass: where K fits in the stages that a tile issues at its start (tile_line_ranges_apply). It computes
   // auto's tiles that are not fp16-safe itself, with float32 FMAs from those stages (fma_tile_from_stages), so that
-  // such calls run neither the tf32 GEMM nor the fallback check.
+  // such calls run neither the tf32 GEMM nor the fallback check: it is the call's only kernel, with no workspace to
+  // zero before it, and waits for the kernel before it (which may write A or B) before its first loads.
   bool tile_line_ranges;
   // The wgmma fp16 GEMM's blocks [0, start_stagger_blocks) start a little apart (sm90::stagger_start); 0: none.
   int start_stagger_blocks;
@@ -166,17 +167,18 @@ struct GemmArgs {
 };
 
 // Programmatic dependent launch (sm_90): the fp16 GEMM (or the tf32 method's GEMM) is launched so that its
-// blocks may start while the pre-pass still runs (or, without a pre-pass, the workspace's zeroing), auto's tf32
-// GEMM so that its blocks may start while the fp16 GEMM still runs (GemmLaunch::overlaps_previous), and the next
-// call's first kernel so that it may start while this call's last one runs (zero_workspace_kernel, or the small
-// GEMM, which waits for the kernel before it at its start: corrected_gemm_small.cuh). Each earlier
-// kernel lets them as soon as each of its blocks has started (the fp16 GEMM, on request, only as each block
-// starts its last piece: late_dependents_apply; the small GEMM once each has waited, or on some grids at its exit:
-// small_gemm_dependents_at_exit), and a later one reads nothing an earlier one
-// writes (line ranges, the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the
-// whole earlier grid (so for the pre-pass too, which the fp16 GEMM waited for). A and B are complete before the
-// pre-pass starts (and before the workspace's zeroing lets any kernel start: it waits for the kernel before it
-// first), so the GEMMs may load them first. Both are no-ops without such a launch and before sm_90.
+// blocks may start while the pre-pass still runs (or, where its tiles fold their line ranges, the kernel before the
+// call), auto's tf32 GEMM so that its blocks may start while the fp16 GEMM still runs
+// (GemmLaunch::overlaps_previous), and the next call's first kernel so that it may start while this call's last
+// one runs (zero_workspace_kernel; the small GEMM, which waits for the kernel before it at its start:
+// corrected_gemm_small.cuh; or the fp16 GEMM that folds its own line ranges, which waits for it before its first
+// loads). Each earlier kernel lets them as soon as each of its blocks has started (the fp16 GEMM, on request, only
+// as each block starts its last piece: late_dependents_apply; the small GEMM once each has waited, or on some grids
+// at its exit: small_gemm_dependents_at_exit), and a later one reads nothing an earlier one writes (line ranges,
+// the zeroed output, tf32_tiles_pending) before wait_for_prior_grid(), which waits for the whole earlier grid (so
+// for the pre-pass too, which the fp16 GEMM waited for). A and B are complete before the pre-pass starts (and
+// before the workspace's zeroing lets any kernel start: it waits for the kernel before it first), so the GEMMs
+// after either may load them first. Both are no-ops without such a launch and before sm_90.
 __device__ __forceinline__ void allow_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -621,11 +623,11 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 }
 
 // Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
-// the pre-pass (before the fp16 GEMM or the tf32 method's), the workspace's zeroing (before an fp16 GEMM that
-// folds its own line ranges) or the fp16 GEMM (before auto's tf32 GEMM), which it may overlap (see
-// allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where the call
-// encoded them already (for the resident pre-pass or for tile_line_ranges; both GEMMs then read by TMA), else
-// null.
+// the pre-pass (before the fp16 GEMM or the tf32 method's) or the fp16 GEMM (before auto's tf32 GEMM), or, before
+// an fp16 GEMM that folds its own line ranges, any kernel (that GEMM waits for it before its first loads), which it
+// may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where
+// the call encoded them already (for the resident pre-pass or for tile_line_ranges; both GEMMs then read by TMA),
+// else null.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -1133,8 +1135,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;
-  // A's and B's TMA maps where the call encoded them already (for the resident pre-pass or for the tiles' own line
-  // ranges): both GEMMs read with them (the maps do not depend on the method) instead of encoding them again.
+  // A's and B's TMA maps where the call encoded them already (for the tiles' own line ranges or for the resident
+  // pre-pass): both GEMMs read with them (the maps do not depend on the method) instead of encoding them again.
   sm90::TmaMaps gemm_tma_maps{};
   const sm90::TmaMaps* gemm_maps = nullptr;
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
@@ -1142,8 +1144,13 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #ifdef WMMAE_HAS_SM90A
   args.tile_line_ranges = tile_line_ranges_apply(args, kernels, grid.tiles, sm_count) &&
                           encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
-  if (args.tile_line_ranges) gemm_maps = &gemm_tma_maps;
-  const bool resident = !args.tile_line_ranges && resident_prepass_applies(args, kernels);
+  if (args.tile_line_ranges) {
+    // The GEMM reads A and B and writes the output, nothing else: no workspace to zero, no other kernel. It may
+    // start while the kernel before it runs, and waits for it before its first loads.
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, true, kernels, sm_count, &gemm_tma_maps);
+    return out;
+  }
+  const bool resident = resident_prepass_applies(args, kernels);
 #else
   const bool resident = false;
 #endif
@@ -1153,8 +1160,6 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // [batch][m] first, then B's columns as [batch][n]; then the resident pre-pass's counts per batch entry, its
   // next item and its SM claims (ResidentPrepassArgs).
   constexpr std::int64_t kFlagWords = 4;
-  // (Where the tiles fold their line ranges, the kernels read no line ranges here; a workspace of the flag words alone
-  // made fp16 calls slower, 512 x 128^2 x 64 34.7 -> 36.0 us back to back, why is not known: H200, session 92.)
   const std::int64_t per = plan.batch * (plan.m + plan.n);
   const std::int64_t resident_words = resident ? plan.batch + 1 + sm90::kResidentSmClaims : 0;
   // Zeroed by zero_workspace_kernel (at::zeros goes through TensorIterator and a fill kernel, which cost the
@@ -1178,19 +1183,17 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     if (prepass_launched) gemm_maps = &gemm_tma_maps;
   }
 #endif
-  if (!prepass_launched && !args.tile_line_ranges) {
+  if (!prepass_launched) {
     prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
                                       kernels.overlap_launches, stream);
   }
   if (method != Method::tf32) {
-    // (Without a pre-pass it overlaps the workspace's zeroing, which it waits for before its first tile's scales.)
-    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched || args.tile_line_ranges, kernels,
-                              sm_count, gemm_maps);
+    // (It overlaps the pre-pass, which it waits for before its first tile's scales.)
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
-  // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end. Not where the fp16 GEMM's
-  // tiles fold their line ranges: that GEMM leaves no tile to it (GemmArgs::tile_line_ranges).
-  if (method != Method::fp16 && !args.tile_line_ranges) {
+  // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.
+  if (method != Method::fp16) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
                               kernels, sm_count, gemm_maps);
     launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split

@@ -262,7 +262,7 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
   __shared__ int shift[2 * kFmaQuad];    // tf32 line_shift of the quadrant's rows, then columns; kNoShift: no
                                          // finite non-zero element (its outputs are exact)
   constexpr int kNoShift = 0x40000000;
-  allow_dependent_grid();  // the next call's zeroing
+  allow_dependent_grid();  // the next call's first kernel
   wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending
   if (*args.wide_tiles_pending == 0ull) return;
   const std::int64_t m = args.m, n = args.n, tiles = gemm_tiles(m, n);
