@@ -485,9 +485,13 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // k-stages of the previous piece where it ran its stage loop (0 where it did not), which then issued
   // this piece's first stages (see issue_ahead).
   int previous_k_tiles = 0;
-  // Where the tiles fold their line ranges this is the call's only kernel (no workspace to zero before it): the
-  // kernel before it on the stream may write A or B, so the block waits for it before its first loads.
-  if (args.tile_line_ranges) wait_for_prior_grid();
+  // Whether the call's tiles fold their own line ranges (GemmArgs::tile_line_ranges), which only the fp16 GEMM
+  // with TMA stages, without read-back or the resident pre-pass, compiles (see tile_line_ranges_apply).
+  constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;
+  auto tiles_fold = [&]() { return kTileRangesCode && args.tile_line_ranges; };
+  // There this is the call's only kernel (no workspace to zero before it): the kernel before it on the stream may
+  // write A or B, so the block waits for it before its first loads.
+  if (tiles_fold()) wait_for_prior_grid();
   for (TileWork piece = work.first(args); BlockWork::valid(piece); piece = work.next(args)) {
     const std::int64_t z = piece.z;
     // (A block without a piece lets them as it exits.)
@@ -544,11 +548,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       mbarrier_wait(stage_full + slot_of(kt), ((ring_start + kt) / kStages) & 1u);
     };
     const int k_tiles = static_cast<int>((k_end - k_begin + kBlockK - 1) / kBlockK);
-    constexpr bool kTileRangesCode = kTma && !kTf32 && !kReadBack && !kBesidePrepass;  // (see tile_line_ranges_apply)
     // The stages issued at the piece's start: kStages - 1, the others as their slots free up (issue_ahead); where
     // the tile folds its own line ranges, every stage of its K (up to kStages: the slot of the last one held the
     // previous piece's last stage, which every warp was done with at work.next's barrier).
-    const int first_stages = kTileRangesCode && args.tile_line_ranges ? k_tiles : min(kStages - 1, k_tiles);
+    const int first_stages = tiles_fold() ? k_tiles : min(kStages - 1, k_tiles);
     // Stage kt + kStages - 1 of this piece, issued in stage kt as its ring slot frees up; past the piece's end,
     // the first stages of the block's next piece (stage j into the slot that this piece's stage k_tiles + j
     // would take: the ring runs on), so that they land while this piece's last products and its flush run
@@ -620,8 +623,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
       return line_scales_from<kM>(scales, in_matrix, range);
     };
-    const TileLines lines = kTileRangesCode && args.tile_line_ranges ? fold_line_scales()
-                                                                      : load_line_scales<kM>(args, scales, z, m0, n0);
+    const TileLines lines = tiles_fold() ? fold_line_scales() : load_line_scales<kM>(args, scales, z, m0, n0);
     // The tile's output: its first element, and its rows and columns inside the matrix.
     float* const origin = args.c + (z * m + m0) * n + n0;
     const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
@@ -629,13 +631,13 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those; or,
     // where they folded their line ranges, computes them with float32 FMAs from the stages it holds.
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
-      if constexpr (kTileRangesCode) {
-        if (args.tile_line_ranges) {  // (every stage of the tile has landed: fold_line_scales)
+      if constexpr (kTileRangesCode) {  // (compiled only there)
+        if (tiles_fold()) {  // (every stage of the tile has landed: fold_line_scales)
           fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
                                                              static_cast<int>(k_end - k_begin), origin, n, rows, cols);
         }
       }
-      if (!kTf32 && !args.tile_line_ranges && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
+      if (!kTf32 && !tiles_fold() && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
       if constexpr (kTma) {  // the stages in flight land before their slots are used again
         for (int s = 0; s < first_stages; ++s) wait_tma_stage(s);
       }
