@@ -3,8 +3,9 @@
 bench_corrected_matmul.py puts a pair of CUDA events around every call, so no call there can overlap the one
 before it. Here `calls` calls run between one pair of events (common.loop_ms, the host kept ahead), so a
 call's first kernel may start while the previous call's last one ends (programmatic dependent launch; see
-zero_workspace_kernel). Each row also has the per-call events' median (common.median_ms) of the same calls.
-Inputs are U(-1, 1) and rotate as in the main benchmark (common.rotating_operands). Writes benchmarks/results/back_to_back.json and .md
+allow_dependent_grid in csrc/ops/corrected_matmul_cuda.cu). Each row also has the per-call events' median
+(common.median_ms) of the same calls. Inputs are U(-1, 1) and rotate as in the main benchmark
+(common.rotating_operands). Writes benchmarks/results/back_to_back.json and .md
 (or --out).
 """
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch_wmmae
 from common import header, loop_ms, median_ms, rotating_operands, write_results
 
 # (batch, m, n, k): small calls, where a launch gap is a large part of the call, up to a mid-size square,
-# the batched shapes of the main benchmark and the notes, and batched products with a short K (64 or 32,
-# e.g. attention's head dimension), where each tile's fixed costs outweigh its products; and outputs of at most
+# the batched shapes of the main benchmark and the notes, and single and batched products with a short K (128, 64
+# or 32, e.g. attention's head dimension), where each tile's fixed costs outweigh its products; and outputs of at most
 # 64 x 64 per entry, which the small GEMM computes (corrected_gemm_small.cuh), among them grids of one or two waves
 # of tile 64 and tile 32 that their kernels with more blocks per SM take (small_gemm_hh_per_fragment), and grids of
 # few 64 x 64 outputs, which tile 32 takes (small_gemm_tile).
@@ -26,7 +27,8 @@ SHAPES = [(1, 128, 1024, 4096), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048), (2
           (8, 1024, 1024, 1024), (64, 512, 512, 512), (512, 128, 128, 64), (512, 128, 128, 32),
           (32, 512, 512, 64), (64, 1024, 1024, 64), (64, 1024, 1024, 32), (2048, 64, 64, 64), (2048, 64, 64, 128),
           (8192, 32, 32, 32), (16384, 16, 16, 16), (1, 64, 64, 64), (600, 64, 64, 64), (1300, 64, 64, 32),
-          (2000, 32, 32, 32), (100, 64, 64, 32)]
+          (2000, 32, 32, 32), (100, 64, 64, 32), (1, 512, 512, 64), (1, 1024, 1024, 32), (1, 256, 256, 128),
+          (1, 4096, 4096, 64)]
 COLUMNS = ["m", "n", "k", "batch", "method", "loop_us", "per_call_us", "fp32_loop_us", "loop_speedup_vs_fp32"]
 
 
