@@ -48,8 +48,8 @@ def test_stamp_sources_applies_to_the_current_sources(tmp_path):
     host = (tmp_path / "csrc/ops/corrected_matmul_cuda.cu").read_text()
     assert "WMMAE_TIMELINE_PTR" in host
     # the switch leaves out auto's exit kernels only: the tf32 method still runs its GEMM
-    assert ("if (method == Method::tf32 || (method == Method::automatic && !args.tile_line_ranges &&\n"
-            "                                 std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"
+    assert ("if (method == Method::tf32 ||\n"
+            "      (method == Method::automatic && std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"
             "    launch_gemm<Method::tf32>") in host
 
 

@@ -10,7 +10,8 @@ device address in WMMAE_TIMELINE_PTR. Its layout (the constants below; blocks pa
 - the fp16 GEMM, GEMM_STRIDE words per block from 0: %smid, start, then PIECE_STAMPS per piece p < MAX_PIECES
   (the block's p-th piece of work, a batch entry's tile; a piece of several chunks stamps its last) at
   2 + PIECE_STAMPS p: its top, then the ends of its wait for the grid before it (or for the resident pre-pass),
-  of its line scales, of its first stage's barrier, of its stage loop and of its flush; the end at END_WORD.
+  of its line scales, of its first stage's barrier, of its stage loop and of its flush; the end at END_WORD. (Where
+  the tiles fold their line ranges, the block waits for the grid before it once, before its first piece's top.)
 - the tf32 GEMM (auto's exit GEMM or the method's), KERNEL_STAMPS words per block from TF32_BASE: %smid, start,
   end of the prior-grid wait (auto), end; the float32 fallback's check the same from FALLBACK_BASE.
 timeline.py reads the fp16 GEMM (methods "fp16" and "auto").
@@ -108,11 +109,11 @@ EDITS = [
            f"  if constexpr (kTf32) timeline_kernel({TF32_BASE}, 3, timeline_now());\n"
            f"  else timeline_gemm({END_WORD}, timeline_now());\n"),
     (_FALLBACK,
-     "  allow_dependent_grid();  // the next call's zeroing\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
+     "  allow_dependent_grid();  // the next call's first kernel\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
      "  if (*args.wide_tiles_pending == 0ull) return;\n",
      f"  sm90::timeline_kernel({FALLBACK_BASE}, 0, sm90::timeline_smid());\n"
      f"  sm90::timeline_kernel({FALLBACK_BASE}, 1, sm90::timeline_now());\n"
-     "  allow_dependent_grid();  // the next call's zeroing\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
+     "  allow_dependent_grid();  // the next call's first kernel\n  wait_for_prior_grid();   // the tf32 GEMM's outputs and wide_tiles_pending\n"
      f"  sm90::timeline_kernel({FALLBACK_BASE}, 2, sm90::timeline_now());\n"
      f"  if (*args.wide_tiles_pending == 0ull) {{ sm90::timeline_kernel({FALLBACK_BASE}, 3, sm90::timeline_now()); return; }}\n"),
     (_FALLBACK,
@@ -129,9 +130,9 @@ EDITS = [
            "    }\n"
            "  }\n"),
     (_HOST,
-     "  if (method != Method::fp16 && !args.tile_line_ranges) {\n",
-     "  if (method == Method::tf32 || (method == Method::automatic && !args.tile_line_ranges &&\n"
-     "                                 std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"),
+     "  if (method != Method::fp16) {\n",
+     "  if (method == Method::tf32 ||\n"
+     "      (method == Method::automatic && std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"),
 ]
 
 
