@@ -1029,18 +1029,20 @@ def _run_chain(x, bs, sync_each_step: bool) -> list:
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,n", [(12, 256), (1, 1000), (1, 136), (64, 128), (600, 64), (200, 64), (2000, 20)],
-                         ids=["batched", "n1000", "n136", "tiles_fold_k128", "small_gemm64",
-                              "small_gemm64_partial_wave", "small_gemm20"])
+@pytest.mark.parametrize("batch,rows,n", [(12, 256, 256), (1, 1000, 1000), (1, 136, 136), (64, 128, 128),
+                                          (2, 1000, 128), (600, 64, 64), (200, 64, 64), (2000, 20, 20)],
+                         ids=["batched", "n1000", "n136", "tiles_fold_k128", "tiles_fold_k128_8_per_entry",
+                              "small_gemm64", "small_gemm64_partial_wave", "small_gemm20"])
 @pytest.mark.parametrize("split_k", [True, False], ids=["split_k_allowed", "deterministic"])
-def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monkeypatch, batch, n, split_k):
+def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monkeypatch, batch, rows, n, split_k):
     """Every step is within the dot-product bound of its own input; deterministic chains give the same bits
     as the same chain with the host waiting after every step (nothing overlaps then) and as its CUDA graph.
     The steps' outputs alternate between magnitudes about 2^20 apart, so that a line scale taken from the
     wrong data (a workspace zeroed too early, an input read before it was written) overflows or flushes the
-    fp16 split and fails the bound. In tiles_fold_k128 the fp16 and auto steps' tiles fold their own line ranges
-    (K = 128, one tile per entry: the step is the GEMM alone, which waits for the step before before its first
-    loads). The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
+    fp16 split and fails the bound. Each step multiplies the rows x n output of the step before by an n x n
+    matrix. In the tiles_fold cases the fp16 and auto steps' tiles fold their own line ranges (K = 128; one tile
+    per entry, or 8 tiles per entry in few waves: the step is the GEMM alone, which waits for the step before
+    before its first loads). The small_gemm cases' fp16 and auto steps run the small GEMM (launched to
     overlap the kernel before it, like a call's first kernel), their tf32 steps the tile GEMMs; on H100/H200 the
     partial wave's grid (200 blocks, 4 per SM) lets the next step launch only as its blocks exit, the others (600
     blocks of tile 64, 5 per SM with the hi*hi sums per fragment on 132 SMs: small_gemm_hh_per_fragment; 2000 of
@@ -1049,7 +1051,7 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
         monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     unit = random_tensor(gen, (batch, n, n), "normal", "cuda") / math.sqrt(n)  # (keeps the magnitudes)
     bs = (unit * 2.0**20, unit * 2.0**-20)
-    x0 = random_tensor(gen, (batch, n, n), "normal", "cuda")
+    x0 = random_tensor(gen, (batch, rows, n), "normal", "cuda")
     with deterministic(not split_k):
         overlapped = _run_chain(x0, bs, sync_each_step=False)
         torch.cuda.synchronize()
@@ -1057,6 +1059,11 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
             assert_matmul_within_dot_product_bound(y, x, b, f"step {i}: ")
         if split_k:
             return  # (split-K's and stream-K's atomics add in any order)
+        if n == 128 and _sees_sm90_kernels():  # (the tiles_fold cases: an fp16 or auto step is the GEMM alone)
+            for method in ("fp16", "auto"):
+                call = lambda: torch_wmmae.corrected_matmul(x0, bs[0], method=method)
+                ran = [name for name in _launched_kernels(call) if "wmmae" in name]
+                assert len(ran) == 1 and TMA_KERNEL.search(ran[0]) is not None, (method, ran)
         for i, (step, synced) in enumerate(zip(overlapped, _run_chain(x0, bs, sync_each_step=True))):
             assert torch.equal(step[2], synced[2]), f"step {i}"
         x_in = x0.clone()
