@@ -625,9 +625,11 @@ def test_float32_fallback_recomputes_only_the_column_quadrants_at_risk(device, g
     """The same across columns: column 70 of b spans 2^200 and its large element meets zeros in a, so its outputs
     are at risk in every row. The quadrants of columns 64 to 127 are computed with float32 fused multiply-adds
     (the CPU emulation's bits), those of columns 0 to 63 keep the tf32 split, and the second tile column, whose
-    lines are not wide, is untouched. (With a pre-pass: by default on H100/H200 this call's tiles fold their own
-    line ranges, K = 96, and auto computes the wide tile column with float32 FMAs instead, as the CPU emulation
-    does not; test_kernel_paths.py covers that path.)"""
+    lines are not wide, is untouched. (The tile GEMMs after a pre-pass: by default on H100/H200 this call, 200^2
+    outputs with K = 96, runs the small GEMM, or with it off its tiles fold their own line ranges, and either
+    computes auto's wide tiles with float32 FMAs instead, as the CPU emulation does not; test_kernel_paths.py covers
+    those paths.)"""
+    monkeypatch.setenv("TORCH_WMMAE_SMALL_GEMM", "0")
     monkeypatch.setenv("TORCH_WMMAE_TILE_RANGES", "0")
     a = random_tensor(gen, (200, 96), "normal", device)
     b = random_tensor(gen, (96, 200), "normal", device)

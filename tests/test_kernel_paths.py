@@ -1310,7 +1310,8 @@ def _tile_gemms_unless_asked(monkeypatch):
 
 
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
-# takes the small GEMM (else only TORCH_WMMAE_SMALL_GEMM=1 does: outputs of several 64 x 64 tiles). Its tiles are
+# takes the small GEMM (small_gemm_applies: an entry's output at most 64 x 64, or the call's at most 256^2 elements
+# with M, N <= 256; else only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
 # 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
 # K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128); each case also
 # runs with every tile forced (TORCH_WMMAE_SMALL_TILE), so that tile 64, which the default takes only for grids of
@@ -1330,7 +1331,11 @@ SMALL_GEMM_CASES = {
     # 16-byte copies whose last chunk is part outside the matrix (K = 46 along A's rows, 62 of B's columns)
     "k46_partial_chunks": (((3, 30, 46), 48, 0, False), ((3, 46, 62), 64, 0, False), True),
     "k46_partial_chunks_both_col": (((3, 30, 46), 32, 0, True), ((3, 46, 62), 48, 0, True), True),
-    "k96_tiles_of_130x200": (((2, 130, 96), 96, 0, False), ((2, 96, 200), 96, 0, True), False),
+    "k96_tiles_of_130x200": (((2, 130, 96), 96, 0, False), ((2, 96, 200), 96, 0, True), True),
+    # the call-size bound: 256^2 outputs (taken), three entries of 130 x 200 (78,000 outputs) and M = 257 (not)
+    "k128_256x256": (((1, 256, 128), 128, 0, False), ((1, 128, 256), 256, 0, False), True),
+    "k96_3_tiles_of_130x200": (((3, 130, 96), 96, 0, False), ((3, 96, 200), 96, 0, True), False),
+    "k64_257x100": (((1, 257, 64), 64, 0, False), ((1, 64, 100), 100, 0, False), False),
     "k32_tile16_both_col": (((3, 16, 32), 16, 0, True), ((3, 32, 16), 32, 0, True), True),
     "k33_tile16_b_offset": (((3, 11, 33), 33, 0, False), ((3, 33, 14), 14, 1, False), True),
     "k64_tile16_a_col": (((3, 16, 64), 16, 0, True), ((3, 64, 10), 10, 0, False), True),
@@ -1384,7 +1389,8 @@ def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("case", list(SMALL_GEMM_CASES))
 def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
-    tile (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its tiles that holds the output
+    tile or the call's output is at most 256^2 elements with M, N <= 256 (and with TORCH_WMMAE_SMALL_GEMM=1 on
+    more tiles), in the smallest of its tiles that holds the output
     (16, 32 or 64; 32 for a 64 x 64 output on small grids) and its kernel for the K bucket that holds K, over any
     strides, offsets and broadcasts; it writes every output (a NaN-poisoned pool) and is correct: within the
     dot-product bound, and on "wide" inputs (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and
