@@ -926,11 +926,11 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // in its shared memory (K <= kSmallMaxK), by default where a batch entry's output fits one 64x64 tile, which fills a
 // quarter of the tile GEMMs' 128x128 tiles, or where the whole call's output is at most kSmallCallOutputs elements
 // with M, N <= kSmallCallExtent: at most four 128x128 tiles, which the small GEMM spreads over more, smaller blocks
-// (small_gemm_tile), so that the call, one block's latency, is shorter. H200, session 95, back to back, us,
-// tile GEMMs -> small GEMM: 128^2 x 64 7.70 -> 6.95, 256^2 x 64 7.80 -> 6.99, 256^2 x 128 9.96 -> 8.92; but with more
-// output the tile GEMMs are about as fast or faster: 512^2 x 32 6.68 -> 6.27, x 64 7.83 -> 7.97, x 128 9.96 -> 10.52, 1024^2 x 32
-// 6.74 -> 9.14, 16 x 256^2 x 64 7.97 -> 10.60. TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any
-// M and N). Read on every call: tests compare it with the tile GEMMs.
+// (small_gemm_tile), so that the call, one block's latency, is shorter. H200, session 95, back to back, us, tile
+// GEMMs -> small GEMM: 128^2 x 64 7.70 -> 6.95, 256^2 x 64 7.80 -> 6.99, 256^2 x 128 9.96 -> 8.92; with more output
+// it gains less or loses: 512^2 x 32 6.68 -> 6.27, x 64 7.83 -> 7.97, x 128 9.96 -> 10.52, 1024^2 x 32 6.74 -> 9.14,
+// 16 x 256^2 x 64 7.97 -> 10.60. TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N).
+// Read on every call: tests compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
 constexpr std::int64_t kSmallCallExtent = 256;
 bool small_gemm_applies(const GemmArgs& args) {

@@ -273,11 +273,13 @@ __device__ void strided_line_tile_ranges(const LinesArgs& args, const float* bas
 // starts as zeros. A kernel rather than cudaMemsetAsync, so that the grid pre-pass can be launched to overlap
 // it: the pre-pass's blocks read A and B at once and wait for this grid (wait_for_prior_grid) only before
 // their first merge, so that the zeroing and its launch gap are hidden behind those reads.
-// It is the first kernel of a call, and is itself launched to overlap whatever kernel came before it on the stream (a
-// call's last kernel lets it start early: allow_dependent_grid, at the GEMMs' start or, where late_dependents_apply, at
-// each block's last piece), which hides the launch gap between two calls. So it waits for that grid (and so for every
-// grid still in flight before it) before it writes the workspace, which may be the memory of the call before, and
-// before it lets the pre-pass start, which reads A and B at once: they may be the previous kernel's output.
+// It is the first kernel of a call that runs a pre-pass (a call of the small GEMM, or whose tiles fold their line
+// ranges, is one kernel, which waits likewise before its first loads), and is itself launched to overlap whatever
+// kernel came before it on the stream (a call's last kernel lets it start early: allow_dependent_grid, at the GEMMs'
+// start or, where late_dependents_apply, at each block's last piece), which hides the launch gap between two calls.
+// So it waits for that grid (and so for every grid still in flight before it) before it writes the workspace, which
+// may be the memory of the call before, and before it lets the pre-pass start, which reads A and B at once: they
+// may be the previous kernel's output.
 __global__ void __launch_bounds__(kPrepassThreads) zero_workspace_kernel(int* workspace, std::int64_t count) {
   wait_for_prior_grid();
   allow_dependent_grid();
