@@ -321,6 +321,11 @@ def _launched_kernels(fn) -> list[str]:
     return [name for name, _ in launched_kernels(fn)]
 
 
+def _own_kernels(names: list[str]) -> list[str]:
+    """This package's kernels among `names`: not, e.g., the poison fills of the tests' outputs."""
+    return [name for name in names if "wmmae" in name]
+
+
 def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: bool = True) -> tuple[dict, dict]:
     """call() once with the environment switch `name` at each of `values` ("default": unset), under
     deterministic(deterministic_mode): what it returned and the names of the CUDA kernels it launched, by value."""
@@ -788,7 +793,7 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     if _sees_sm90_kernels():
         for switch, folded in folds.items():
             assert any(PREPASS_KERNEL in name for name in kernels[switch]) != folded, (switch, kernels[switch])
-            ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
+            ran = _own_kernels(kernels[switch])
             assert (len(ran) == 1 and TMA_KERNEL.search(ran[0]) is not None) == folded, (switch, ran)
 
 
@@ -1062,7 +1067,7 @@ def test_corrected_matmul_chain_reads_what_the_operation_before_wrote(gen, monke
         if n == 128 and _sees_sm90_kernels():  # (the tiles_fold cases: an fp16 or auto step is the GEMM alone)
             for method in ("fp16", "auto"):
                 call = lambda: torch_wmmae.corrected_matmul(x0, bs[0], method=method)
-                ran = [name for name in _launched_kernels(call) if "wmmae" in name]
+                ran = _own_kernels(_launched_kernels(call))
                 assert len(ran) == 1 and TMA_KERNEL.search(ran[0]) is not None, (method, ran)
         for i, (step, synced) in enumerate(zip(overlapped, _run_chain(x0, bs, sync_each_step=True))):
             assert torch.equal(step[2], synced[2]), f"step {i}"
@@ -1417,11 +1422,11 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
     forced, forced_kernels = _calls_by_switch(monkeypatch, SMALL_TILE_SWITCH, tiles, call)
     if profiler_records_kernels():
         for tile in tiles:
-            ran = [name for name in forced_kernels[tile] if "wmmae" in name]
+            ran = _own_kernels(forced_kernels[tile])
             bucket = _small_gemm_k_bucket(int(tile), a.shape[-1])
             assert len(ran) == 1 and f"{SMALL_GEMM_KERNEL}<{tile}, {bucket}," in ran[0], (tile, ran)
         for switch, small in (("default", by_default), ("1", True), ("0", False)):
-            ran = [name for name in kernels[switch] if "wmmae" in name]  # (not the pool's poison fill)
+            ran = _own_kernels(kernels[switch])
             if small:  # one kernel: no pre-pass, workspace zeroing or exit kernels
                 assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], (switch, ran)
                 tile = _small_gemm_tile(a.shape[-2], b.shape[-1], a.shape[-1], entries, sm_count)
