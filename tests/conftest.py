@@ -263,19 +263,22 @@ def deterministic(enabled: bool = True):
 
 
 @contextlib.contextmanager
-def poisoned_cuda_pool(value, dtype=torch.float32):
+def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     """Allocations of the block come from a private pool whose only memory is one 2 MiB segment of small
-    blocks, filled with `value` and freed first: an output or workspace that a kernel fails to write keeps
-    the poison. Checks at the end that nothing was allocated outside that segment. Skips where the caching
-    allocator is off (compute-sanitizer runs), since the pool then hands out fresh memory."""
+    blocks (allocations of at most 1 MiB) and, with `large`, one 20 MiB segment for larger ones (the caching
+    allocator's segment for requests from 1 to 10 MiB), filled with `value` and freed first: an output or
+    workspace that a kernel fails to write keeps the poison. Checks at the end that nothing was allocated
+    outside those segments. Skips where the caching allocator is off (compute-sanitizer runs), since the pool
+    then hands out fresh memory."""
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         pytest.skip("needs the caching allocator")
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
-        poison = [torch.full(((1 << 20) // dtype.itemsize,), value, dtype=dtype, device="cuda") for _ in range(2)]
+        sizes = [1 << 20] * 2 + ([20 << 20] if large else [])
+        poison = [torch.full((size // dtype.itemsize,), value, dtype=dtype, device="cuda") for size in sizes]
         del poison
         yield pool
-    assert len(pool.snapshot()) == 1, "the call allocated outside the poisoned segment"
+    assert len(pool.snapshot()) == 1 + large, "the call allocated outside the poisoned segments"
 
 
 def launched_kernels(fn) -> list[tuple[str, int]]:

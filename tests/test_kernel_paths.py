@@ -1316,7 +1316,8 @@ def _tile_gemms_unless_asked(monkeypatch):
 
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
 # takes the small GEMM (small_gemm_applies: an entry's output at most 64 x 64, or the call's at most 256^2 elements
-# with M, N <= 256; else only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
+# with M, N <= 256, or "no_tma": where the wgmma GEMM runs and could not read an operand by TMA, the call's output
+# at most 2^20 elements; else only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
 # 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
 # K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128); each case also
 # runs with every tile forced (TORCH_WMMAE_SMALL_TILE), so that tile 64, which the default takes only for grids of
@@ -1341,6 +1342,13 @@ SMALL_GEMM_CASES = {
     "k128_256x256": (((1, 256, 128), 128, 0, False), ((1, 128, 256), 256, 0, False), True),
     "k96_3_tiles_of_130x200": (((3, 130, 96), 96, 0, False), ((3, 96, 200), 96, 0, True), False),
     "k64_257x100": (((1, 257, 64), 64, 0, False), ((1, 64, 100), 100, 0, False), False),
+    # operands TMA cannot read (lines of 50 and 301 floats, a start 4 bytes past 16, two batch dimensions) up to
+    # the bound of 2^20 outputs, and just beyond it (1025 x 1024)
+    "k50_a_lines_unaligned_1024x1024": (((1, 1024, 50), 50, 0, False), ((1, 50, 1024), 1024, 0, False), "no_tma"),
+    "k64_b_lines_unaligned_300x301": (((300, 64), 64, 0, False), ((64, 301), 301, 0, False), "no_tma"),
+    "k128_a_offset_2x512x512": (((2, 512, 128), 128, 1, False), ((2, 128, 512), 512, 0, False), "no_tma"),
+    "k64_two_batch_dims_300x300": (((2, 1, 300, 64), 64, 0, False), ((3, 64, 300), 300, 0, False), "no_tma"),
+    "k99_a_lines_unaligned_1025x1024": (((1025, 99), 99, 0, False), ((99, 1024), 1024, 0, False), False),
     "k32_tile16_both_col": (((3, 16, 32), 16, 0, True), ((3, 32, 16), 32, 0, True), True),
     "k33_tile16_b_offset": (((3, 11, 33), 33, 0, False), ((3, 33, 14), 14, 1, False), True),
     "k64_tile16_a_col": (((3, 16, 64), 16, 0, True), ((3, 64, 10), 10, 0, False), True),
@@ -1394,8 +1402,9 @@ def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("case", list(SMALL_GEMM_CASES))
 def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
-    tile or the call's output is at most 256^2 elements with M, N <= 256 (and with TORCH_WMMAE_SMALL_GEMM=1 on
-    more tiles), in the smallest of its tiles that holds the output
+    tile or the call's output is at most 256^2 elements with M, N <= 256, or on H100/H200 at most 2^20 elements
+    where TMA could not read an operand (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its
+    tiles that holds the output
     (16, 32 or 64; 32 for a 64 x 64 output on small grids) and its kernel for the K bucket that holds K, over any
     strides, offsets and broadcasts; it writes every output (a NaN-poisoned pool) and is correct: within the
     dot-product bound, and on "wide" inputs (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and
@@ -1403,17 +1412,21 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
     tensor-core sums), and every tile forced gives the default's bits (auto's wide tiles aside: which outputs
     share a tile with a line that is not fp16-safe depends on the tile)."""
     (a_shape, a_ld, a_off, a_col), (b_shape, b_ld, b_off, b_col), by_default = SMALL_GEMM_CASES[case]
+    if by_default == "no_tma":
+        by_default = runs_sm90_gemm()
     a = _strided_matrix(gen, a_shape, a_ld, a_off, col_major=a_col)
     b = _strided_matrix(gen, b_shape, b_ld, b_off, col_major=b_col)
     if magnitudes == "wide":
         if a.shape[-2] <= 7 or b.shape[-1] <= 9:
             pytest.skip("_make_wide's Inf and NaN lie outside these shapes")
         _make_wide(gen, a, b)
+    entries = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    large_output = 4 * entries * a.shape[-2] * b.shape[-1] > 1 << 20  # (beyond the pool's small blocks)
+
     def call():
-        with poisoned_cuda_pool(float("nan")):
+        with poisoned_cuda_pool(float("nan"), large=large_output):
             return torch_wmmae.corrected_matmul(a, b, method=method)
 
-    entries = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     sm_count = torch.cuda.get_device_properties(a.device).multi_processor_count
     monkeypatch.delenv(SMALL_TILE_SWITCH, raising=False)
     outs, kernels = _calls_by_switch(monkeypatch, SMALL_GEMM_SWITCH, ("default", "1", "0"), call)
@@ -1552,6 +1565,32 @@ def test_small_gemm_loops_over_batches_past_the_grid_limit(gen, monkeypatch):
     with poisoned_cuda_pool(float("nan")):  # (the output, 0.5 MB, comes from the pool's small blocks)
         out = torch_wmmae.corrected_matmul(a, b)
     assert_matmul_within_dot_product_bound(out, a, b, "batch past 65535")
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_small_gemm_where_tma_is_switched_off(gen, monkeypatch):
+    """With the wgmma GEMM's TMA stages switched off (TORCH_WMMAE_SM90_TMA=0) it would copy with cp.async, so the
+    default rule gives calls of up to 2^20 outputs to the small GEMM even where TMA could read the operands (512^2
+    x 64 here), which it does not with TMA on; the fp16 method's bits are the same either way."""
+    if not runs_sm90_gemm():
+        pytest.skip("the rule is that of the wgmma GEMM (H100/H200)")
+    monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
+    a = random_tensor(gen, (512, 64), "normal", "cuda")
+    b = random_tensor(gen, (64, 512), "normal", "cuda")
+
+    def call():
+        with poisoned_cuda_pool(float("nan")):
+            return torch_wmmae.corrected_matmul(a, b, method="fp16")
+
+    outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_SM90_TMA", ("0", "1"), call)
+    assert_matmul_within_dot_product_bound(outs["0"], a, b, "TMA off")
+    torch.testing.assert_close(outs["0"], outs["1"], rtol=0, atol=0)
+    if profiler_records_kernels():
+        ran = _own_kernels(kernels["0"])
+        assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], ran
+        ran = _own_kernels(kernels["1"])
+        assert len(ran) == 1 and TMA_KERNEL.search(ran[0]) is not None, ran
 
 
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}

@@ -1,8 +1,9 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
-// 0. Small products (fp16 and auto, each batch entry's output at most 64x64, K <= 128: small_gemm_applies) are one
-//    kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what follows for its tiles (64x64, 32x32
-//    or 16x16) itself (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
+// 0. Small products (fp16 and auto, K <= 128, and each batch entry's output at most 64x64, or the call's at most
+//    256^2 elements, or at most 2^20 where the tile GEMMs could not read an operand by TMA: small_gemm_applies) are
+//    one kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what follows for its tiles (64x64,
+//    32x32 or 16x16) itself (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
@@ -44,6 +45,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -929,15 +931,29 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // (small_gemm_tile), so that the call, one block's latency, is shorter. H200, session 95, back to back, us, tile
 // GEMMs -> small GEMM: 128^2 x 64 7.70 -> 6.95, 256^2 x 64 7.80 -> 6.99, 256^2 x 128 9.96 -> 8.92; with more output
 // it gains less or loses: 512^2 x 32 6.68 -> 6.27, x 64 7.83 -> 7.97, x 128 9.96 -> 10.52, 1024^2 x 32 6.74 -> 9.14,
-// 16 x 256^2 x 64 7.97 -> 10.60. TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N).
-// Read on every call: tests compare it with the tile GEMMs.
+// 16 x 256^2 x 64 7.97 -> 10.60. On H100/H200, where the wgmma GEMM could not read an operand by TMA (a start or
+// line stride not a multiple of 16 bytes, more than one batch dimension, TMA switched off: tma_reads() is false),
+// it copies with cp.async and the call is four or five kernels (the workspace's zeroing, the pre-pass, the GEMMs,
+// auto's check), not the GEMM alone, and the small GEMM wins on calls of up to kSmallUnreadCallOutputs outputs
+// (H200, session 96, back to back, us, tile GEMMs -> small GEMM, auto: with A's lines unaligned (odd K) 1024^2 x 50
+// 15.5 -> 12.4, x 99 19.0 -> 18.4, x 127 19.8 -> 16.8, 4 x 512^2 x 63 16.4 -> 12.5; A 4 bytes past 16, 1024^2 x
+// 128 19.7 -> 16.8; B's (odd N) 257^2 x 64 23.9 -> 7.8, 769^2 x 64 25.7 -> 10.4, 513^2 x 128 27.7 -> 12.2, 64 x
+// 65^2 x 64 26.8 -> 10.4; beyond the bound, A's lines unaligned: 1448^2 x 63 23.1 -> 18.9, x 99 30.0 -> 35.7,
+// 2048^2 x 50 23.3 -> 29.1, 16 x 512^2 x 63 28.3 -> 29.4; B's: 1025^2 x 64 25.2 -> 12.5, 8193^2 x 64 481 -> 404).
+// TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
+// compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
 constexpr std::int64_t kSmallCallExtent = 256;
-bool small_gemm_applies(const GemmArgs& args) {
+constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
+template <class TmaReads>
+bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
-  return env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
-         (args.m <= kSmallCallExtent && args.n <= kSmallCallExtent &&
-          args.num_batches * args.m * args.n <= kSmallCallOutputs);
+  const std::int64_t outputs = args.num_batches * args.m * args.n;
+  if (env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
+      (args.m <= kSmallCallExtent && args.n <= kSmallCallExtent && outputs <= kSmallCallOutputs)) {
+    return true;
+  }
+  return kernels.sm90 && outputs <= kSmallUnreadCallOutputs && !tma_reads();  // (asked last: it encodes the maps)
 }
 
 // The small GEMM's output tiles of `tile` per batch entry.
@@ -1133,7 +1149,19 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
               std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ? " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "",
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
-  if (small_gemm_applies(args)) {  // one kernel: no workspace, no pre-pass
+  // A's and B's TMA maps, encoded at most once per call, where a choice below asks whether TMA can read the
+  // operands; both GEMMs read with them (the maps do not depend on the method).
+  sm90::TmaMaps gemm_tma_maps{};
+  std::optional<bool> tma_maps_encoded;
+  const auto tma_reads = [&] {
+#ifdef WMMAE_HAS_SM90A
+    if (!tma_maps_encoded) tma_maps_encoded = kernels.sm90_tma && encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
+    return *tma_maps_encoded;
+#else
+    return false;
+#endif
+  };
+  if (small_gemm_applies(args, kernels, tma_reads)) {  // one kernel: no workspace, no pre-pass
     launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
     return out;
   }
@@ -1144,15 +1172,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;
-  // A's and B's TMA maps where the call encoded them already (for the tiles' own line ranges or for the resident
-  // pre-pass): both GEMMs read with them (the maps do not depend on the method) instead of encoding them again.
-  sm90::TmaMaps gemm_tma_maps{};
+  // gemm_tma_maps where the GEMMs read with them after the resident pre-pass (which encodes them itself).
   const sm90::TmaMaps* gemm_maps = nullptr;
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
   // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
 #ifdef WMMAE_HAS_SM90A
-  args.tile_line_ranges = tile_line_ranges_apply(args, kernels, grid.tiles, sm_count) &&
-                          encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
+  args.tile_line_ranges = tile_line_ranges_apply(args, kernels, grid.tiles, sm_count) && tma_reads();
   if (args.tile_line_ranges) {
     // The GEMM reads A and B and writes the output, nothing else: no workspace to zero, no other kernel. It may
     // start while the kernel before it runs, and waits for it before its first loads.
