@@ -489,37 +489,97 @@ TMA_CASES = {
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
 TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false)>")
+TMA_COPIES_SWITCH = "TORCH_WMMAE_TMA_COPIES"
 
 
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(TMA_CASES))
 def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
-    """TMA stages and cp.async stages give the same bits (same arithmetic, other copy engine), both correct,
-    and the kernel takes TMA exactly where the operands allow it."""
+    """TMA stages and cp.async stages give the same bits (same arithmetic, other copy engine), both correct. The
+    kernel takes TMA in place exactly where the operands allow it; elsewhere, by default, it reads copies that TMA
+    can read (tma_readable_copy: the same values, so the same bits) where the batch has at most one dimension,
+    and with TORCH_WMMAE_TMA_COPIES=0 it copies its stages with cp.async instead."""
     (*a_layout, a_col), (*b_layout, b_col), eligible = TMA_CASES[case]
     a = _strided_matrix(gen, *a_layout, col_major=a_col)
     b = _strided_matrix(gen, *b_layout, col_major=b_col)
     assert (a.stride(-2) == 1) == a_col and (b.stride(-2) == 1) == b_col
-    outs, kernels = {}, {}
-    for tma in ("1", "0"):
-        monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", tma)
-        with deterministic():  # no split-K: the sums are formed in one order
-            kernels[tma] = _launched_kernels(
-                lambda: outs.setdefault(tma, torch_wmmae.corrected_matmul(a, b, method="fp16")))
-    assert torch.equal(outs["1"], outs["0"])
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    assert_matmul_within_dot_product_bound(outs["1"], a.expand(*batch, *a.shape[-2:]),
+    outs, kernels = {}, {}
+    for name, tma, copies in (("tma", "1", None), ("in_place", "1", "0"), ("cp_async", "0", None)):
+        monkeypatch.setenv("TORCH_WMMAE_SM90_TMA", tma)
+        if copies is None:
+            monkeypatch.delenv(TMA_COPIES_SWITCH, raising=False)
+        else:
+            monkeypatch.setenv(TMA_COPIES_SWITCH, copies)
+        with deterministic():  # no split-K: the sums are formed in one order
+            kernels[name] = _launched_kernels(
+                lambda: outs.setdefault(name, torch_wmmae.corrected_matmul(a, b, method="fp16")))
+    assert torch.equal(outs["tma"], outs["cp_async"]) and torch.equal(outs["in_place"], outs["cp_async"])
+    assert_matmul_within_dot_product_bound(outs["tma"], a.expand(*batch, *a.shape[-2:]),
                                            b.expand(*batch, *b.shape[-2:]), case)
     if _sees_sm90_kernels():
-        assert any(TMA_KERNEL.search(name) for name in kernels["1"]) == eligible, kernels["1"]
-        assert not any(TMA_KERNEL.search(name) for name in kernels["0"]), kernels["0"]
-        if eligible:  # the instantiation of the operands' layouts
+        read_by_tma = {name: any(TMA_KERNEL.search(k) for k in kernels[name]) for name in kernels}
+        assert read_by_tma == {"tma": eligible or len(batch) <= 1, "in_place": eligible, "cp_async": False}, kernels
+        if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
             layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
-            assert any(layout in name for name in kernels["1"]), kernels["1"]
+            assert any(layout in name for name in kernels["tma"]), kernels["tma"]
 
 
 TF32_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
+TF32_TMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), true>")
+GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel<")
+
+
+# Operands that TMA cannot read in place, which the tile GEMMs read from copies that it can (tma_readable_copy):
+# (a, b) as (shape, line stride, storage offset, column-major), the method, and the product's GEMM: "folds" (K <=
+# 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (a batch
+# of two dimensions: no copies). Odd K and N (lines of 33, 133 and 1001 floats), storage offsets, column-major
+# operands, a batch with an operand broadcast (copied once), and the tf32 method.
+TMA_COPY_CASES = {
+    "b_lines_odd": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", "folds"),
+    "a_lines_odd_k33": (((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", "folds"),
+    "a_offset_batched": (((3, 130, 64), 64, 1, False), ((3, 64, 136), 136, 0, False), "fp16", "folds"),
+    "a_col_offset_b_col_odd": (((130, 72), 132, 2, True), ((72, 136), 73, 0, True), "auto", "folds"),
+    "b_broadcast_odd": (((4, 130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", "folds"),
+    "both_odd_k1001": (((130, 1001), 1001, 0, False), ((1001, 133), 133, 0, False), "auto", "prepass"),
+    "tf32_b_odd": (((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", "prepass"),
+    "two_batch_dims_odd": (((2, 1, 130, 72), 72, 0, False), ((3, 72, 133), 133, 0, False), "fp16", "cp_async"),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(TMA_COPY_CASES))
+def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
+    """Where TMA cannot read an operand in place, the tile GEMMs read a copy that it can (by default; the same
+    bits as with TORCH_WMMAE_TMA_COPIES=0, which copies the stages with cp.async), with TMA stages, and where K
+    allows, folding the tiles' line ranges from them in one GEMM kernel; the inputs are left as they were."""
+    (*a_layout, a_col), (*b_layout, b_col), method, path = TMA_COPY_CASES[case]
+    a = _strided_matrix(gen, *a_layout, col_major=a_col)
+    b = _strided_matrix(gen, *b_layout, col_major=b_col)
+    a_before, b_before = a.clone(), b.clone()
+
+    def call():
+        with poisoned_cuda_pool(float("nan")):
+            return torch_wmmae.corrected_matmul(a, b, method=method)
+
+    outs, kernels = _calls_by_switch(monkeypatch, TMA_COPIES_SWITCH, ("default", "0"), call)
+    torch.testing.assert_close(outs["default"], outs["0"], rtol=0, atol=0)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    assert_matmul_within_dot_product_bound(outs["default"], a.expand(*batch, *a.shape[-2:]),
+                                           b.expand(*batch, *b.shape[-2:]), case)
+    assert torch.equal(a, a_before) and torch.equal(b, b_before)
+    if _sees_sm90_kernels():
+        reads = lambda names: [bool(TMA_KERNEL.search(k) or TF32_TMA_KERNEL.search(k)) for k in names
+                               if GEMM_KERNEL.search(k)]
+        assert reads(kernels["0"]) and not any(reads(kernels["0"])), kernels["0"]
+        assert reads(kernels["default"]) and all(reads(kernels["default"])) == (path != "cp_async"), kernels
+        ran = _own_kernels(kernels["default"])
+        assert (len(ran) == 1) == (path == "folds"), ran
+        assert any(PREPASS_KERNEL in k for k in ran) == (path != "folds"), ran
+
+
 
 
 @requires_cuda
@@ -780,6 +840,8 @@ def test_corrected_matmul_tile_line_ranges(gen, monkeypatch, case, method):
     b = _strided_matrix(gen, b_shape, b_ld, 0, col_major=b_col)
     if magnitudes == "wide":
         _make_wide(gen, a, b)
+    # (An operand that TMA cannot read stays so: test_corrected_matmul_tma_copies has the tiles fold from copies.)
+    monkeypatch.setenv(TMA_COPIES_SWITCH, "0")
     outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_TILE_RANGES", ("default", "1", "0"),
                                      lambda: torch_wmmae.corrected_matmul(a, b, method=method))
     folds = {"default": can, "1": can, "0": False}
@@ -1316,8 +1378,9 @@ def _tile_gemms_unless_asked(monkeypatch):
 
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
 # takes the small GEMM (small_gemm_applies: an entry's output at most 64 x 64, or the call's at most 256^2 elements
-# with M, N <= 256, or "no_tma": where the wgmma GEMM runs and could not read an operand by TMA, the call's output
-# at most 2^20 elements; else only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
+# with M, N <= 256, or "no_tma": where the wgmma GEMM runs, could not read an operand by TMA in place, and would not
+# read a copy (two batch dimensions) or the output's width is odd, the call's output at most 2^20 elements; else
+# only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
 # 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
 # K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128); each case also
 # runs with every tile forced (TORCH_WMMAE_SMALL_TILE), so that tile 64, which the default takes only for grids of
@@ -1342,11 +1405,12 @@ SMALL_GEMM_CASES = {
     "k128_256x256": (((1, 256, 128), 128, 0, False), ((1, 128, 256), 256, 0, False), True),
     "k96_3_tiles_of_130x200": (((3, 130, 96), 96, 0, False), ((3, 96, 200), 96, 0, True), False),
     "k64_257x100": (((1, 257, 64), 64, 0, False), ((1, 64, 100), 100, 0, False), False),
-    # operands TMA cannot read (lines of 50 and 301 floats, a start 4 bytes past 16, two batch dimensions) up to
-    # the bound of 2^20 outputs, and just beyond it (1025 x 1024)
-    "k50_a_lines_unaligned_1024x1024": (((1, 1024, 50), 50, 0, False), ((1, 50, 1024), 1024, 0, False), "no_tma"),
+    # operands TMA cannot read in place up to the bound of 2^20 outputs, and just beyond it (1025 x 1024): B's lines
+    # of 301 floats (an odd output width) and two batch dimensions (no copies) are taken; A's lines of 50 floats and
+    # a start 4 bytes past 16 are not (the tile GEMMs read copies: test_small_gemm_where_the_tile_gemms_read_no_copies)
+    "k50_a_lines_unaligned_1024x1024": (((1, 1024, 50), 50, 0, False), ((1, 50, 1024), 1024, 0, False), False),
     "k64_b_lines_unaligned_300x301": (((300, 64), 64, 0, False), ((64, 301), 301, 0, False), "no_tma"),
-    "k128_a_offset_2x512x512": (((2, 512, 128), 128, 1, False), ((2, 128, 512), 512, 0, False), "no_tma"),
+    "k128_a_offset_2x512x512": (((2, 512, 128), 128, 1, False), ((2, 128, 512), 512, 0, False), False),
     "k64_two_batch_dims_300x300": (((2, 1, 300, 64), 64, 0, False), ((3, 64, 300), 300, 0, False), "no_tma"),
     "k99_a_lines_unaligned_1025x1024": (((1025, 99), 99, 0, False), ((99, 1024), 1024, 0, False), False),
     "k32_tile16_both_col": (((3, 16, 32), 16, 0, True), ((3, 32, 16), 32, 0, True), True),
@@ -1569,22 +1633,25 @@ def test_small_gemm_loops_over_batches_past_the_grid_limit(gen, monkeypatch):
 
 @requires_cuda
 @pytest.mark.gpu
-def test_small_gemm_where_tma_is_switched_off(gen, monkeypatch):
-    """With the wgmma GEMM's TMA stages switched off (TORCH_WMMAE_SM90_TMA=0) it would copy with cp.async, so the
-    default rule gives calls of up to 2^20 outputs to the small GEMM even where TMA could read the operands (512^2
-    x 64 here), which it does not with TMA on; the fp16 method's bits are the same either way."""
+@pytest.mark.parametrize("switch,a_line", [("TORCH_WMMAE_SM90_TMA", 64), (TMA_COPIES_SWITCH, 50)],
+                         ids=["tma_off", "copies_off"])
+def test_small_gemm_where_the_tile_gemms_read_no_copies(gen, monkeypatch, switch, a_line):
+    """Where the wgmma GEMM would copy its stages with cp.async, with its TMA stages switched off
+    (TORCH_WMMAE_SM90_TMA=0) or, for A's lines of 50 floats, which TMA cannot read in place, with the copies that it
+    can read switched off (TORCH_WMMAE_TMA_COPIES=0), the default rule gives calls of up to 2^20 outputs to the small
+    GEMM (512^2 x 64 here), which it does not with the switch on; the fp16 method's bits are the same either way."""
     if not runs_sm90_gemm():
         pytest.skip("the rule is that of the wgmma GEMM (H100/H200)")
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
-    a = random_tensor(gen, (512, 64), "normal", "cuda")
-    b = random_tensor(gen, (64, 512), "normal", "cuda")
+    a = _strided_matrix(gen, (512, a_line), a_line, 0, col_major=False)
+    b = random_tensor(gen, (a.shape[1], 512), "normal", "cuda")
 
     def call():
         with poisoned_cuda_pool(float("nan")):
             return torch_wmmae.corrected_matmul(a, b, method="fp16")
 
-    outs, kernels = _calls_by_switch(monkeypatch, "TORCH_WMMAE_SM90_TMA", ("0", "1"), call)
-    assert_matmul_within_dot_product_bound(outs["0"], a, b, "TMA off")
+    outs, kernels = _calls_by_switch(monkeypatch, switch, ("0", "1"), call)
+    assert_matmul_within_dot_product_bound(outs["0"], a, b, f"{switch}=0")
     torch.testing.assert_close(outs["0"], outs["1"], rtol=0, atol=0)
     if profiler_records_kernels():
         ran = _own_kernels(kernels["0"])

@@ -576,7 +576,7 @@ namespace {
 // The GEMM kernels a call runs and how they are launched, decided once per call from the device and the
 // environment (env_is). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
 // includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel. sm90_tma: its
-// fp32 stages may come by TMA (see tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
+// fp32 stages may come by TMA (see encode_tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
 // outputs are the same bits). overlap_launches: a kernel may start while the one before it runs (programmatic
 // dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
 // wmma_compact: the WMMA kernel's fp16 GEMM with stages of 16 k (GemmConfig's kCompact), where the device
@@ -627,9 +627,9 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 // Where and how a GEMM kernel is launched. overlaps_previous: the kernel launched just before on the stream is
 // the pre-pass (before the fp16 GEMM or the tf32 method's) or the fp16 GEMM (before auto's tf32 GEMM), or, before
 // an fp16 GEMM that folds its own line ranges, any kernel (that GEMM waits for it before its first loads), which it
-// may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps where
-// the call encoded them already (for the resident pre-pass or for tile_line_ranges; both GEMMs then read by TMA),
-// else null.
+// may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps, which
+// the wgmma GEMMs read with (the call encodes them once: corrected_matmul_cuda's tma_reads), or null where TMA cannot
+// read an operand: then they copy their stages with cp.async.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -649,31 +649,50 @@ void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Pa
 }
 
 #ifdef WMMAE_HAS_SM90A
-// The wgmma kernel's fp32 stages come by TMA when TMA can read both operands in place (each in its own
-// orientation: the inner dimension contiguous, 16-byte aligned start and line stride) and the batch has at
-// most one dimension; otherwise by cp.async (also when KernelChoice::sm90_tma is off).
+// Which operands TMA can read in place: each in its own orientation, the inner dimension contiguous, a 16-byte
+// aligned start, line and batch stride, with a batch of at most one dimension.
+struct TmaReadable {
+  bool a, b;
+};
+
+// Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps.
 template <bool kARowMajor, bool kBRowMajor>
-bool tma_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
+TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
   using Tf32Cfg = sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32>;
   static_assert(std::is_same_v<typename Cfg::A, typename Tf32Cfg::A> &&
                     std::is_same_v<typename Cfg::B, typename Tf32Cfg::B>,
                 "both methods' GEMMs read with the same maps (a call encodes them once: gemm_maps)");
-  if (args.batch.ndim > 1) return false;
+  if (args.batch.ndim > 1) return {false, false};
   // (inner stride, line stride) of each operand in its orientation.
   const std::int64_t a_inner_stride = kARowMajor ? args.a_ks : args.a_rs;
   const std::int64_t a_line_stride = kARowMajor ? args.a_rs : args.a_ks;
   const std::int64_t b_inner_stride = kBRowMajor ? args.b_cs : args.b_ks;
   const std::int64_t b_line_stride = kBRowMajor ? args.b_ks : args.b_cs;
-  if (a_inner_stride != 1 || b_inner_stride != 1) return false;
   const std::int64_t a_bs = args.batch.ndim == 1 ? args.batch.a_stride[0] : 0;
   const std::int64_t b_bs = args.batch.ndim == 1 ? args.batch.b_stride[0] : 0;
-  return sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, kARowMajor ? args.k : args.m,
-                                       kARowMajor ? args.m : args.k, a_line_stride, args.num_batches, a_bs,
-                                       Cfg::A::kOuter) &&
-         sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
-                                       kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
-                                       Cfg::B::kOuter);
+  const bool a = a_inner_stride == 1 &&
+                 sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, kARowMajor ? args.k : args.m,
+                                               kARowMajor ? args.m : args.k, a_line_stride, args.num_batches, a_bs,
+                                               Cfg::A::kOuter);
+  const bool b = b_inner_stride == 1 &&
+                 sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
+                                               kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
+                                               Cfg::B::kOuter);
+  return {a, b};
+}
+
+// tma_operand_maps for the operands' layout (a_row, b_row: row-major).
+TmaReadable encode_operand_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
+  return a_row ? (b_row ? tma_operand_maps<true, true>(args, maps) : tma_operand_maps<true, false>(args, maps))
+               : (b_row ? tma_operand_maps<false, true>(args, maps) : tma_operand_maps<false, false>(args, maps));
+}
+
+// The wgmma kernel's fp32 stages come by TMA where TMA can read both operands in place (TmaReadable), with the
+// maps this encodes; otherwise by cp.async (also where KernelChoice::sm90_tma is off).
+bool encode_tma_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
+  const TmaReadable readable = encode_operand_maps(args, a_row, b_row, maps);
+  return readable.a && readable.b;
 }
 #endif
 
@@ -765,19 +784,12 @@ bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels, s
          tiles_per_entry * args.num_batches <= waves * sm_count;
 }
 
-// tma_maps for the operands' layout (a_row, b_row: row-major).
-bool encode_tma_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
-  return a_row ? (b_row ? tma_maps<true, true>(args, maps) : tma_maps<true, false>(args, maps))
-               : (b_row ? tma_maps<false, true>(args, maps) : tma_maps<false, false>(args, maps));
-}
-
-// Launches the resident pre-pass of a and b into their line ranges, counting finished items in items_done
-// ([num_batches], zeroed), and points args at the counts. Returns false (nothing launched) where TMA cannot
-// read an operand in place; else `maps` holds A's and B's TMA maps, which the GEMM reads with too.
+// Launches the resident pre-pass of a and b into their line ranges, reading with A's and B's TMA maps (which the
+// GEMM reads with too), counting finished items in items_done ([num_batches], zeroed), and points args at the
+// counts. Returns false (nothing launched) where the items would not fit the kernel's 32-bit counts.
 template <bool kARowMajor, bool kBRowMajor>
 bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, int* items_done,
-                                     int sm_count, cudaStream_t stream, sm90::TmaMaps& maps) {
-  if (!tma_maps<kARowMajor, kBRowMajor>(args, &maps)) return false;
+                                     int sm_count, cudaStream_t stream, const sm90::TmaMaps& maps) {
   sm90::ResidentPrepassArgs prepass{};
   prepass.lines[0] = a;
   prepass.lines[1] = b;
@@ -806,7 +818,7 @@ bool launch_resident_prepass_variant(GemmArgs& args, const LinesArgs& a, const L
 }
 
 bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs& b, bool a_row, bool b_row,
-                             int* items_done, int sm_count, cudaStream_t stream, sm90::TmaMaps& maps) {
+                             int* items_done, int sm_count, cudaStream_t stream, const sm90::TmaMaps& maps) {
   const auto variant = a_row ? (b_row ? launch_resident_prepass_variant<true, true>
                                       : launch_resident_prepass_variant<true, false>)
                              : (b_row ? launch_resident_prepass_variant<false, true>
@@ -888,15 +900,10 @@ template <Method M, bool kARowMajor, bool kBRowMajor>
 void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
   if (launch.kernels.sm90) {
 #ifdef WMMAE_HAS_SM90A
-    if (launch.tma_maps != nullptr) {  // already encoded for the call (see corrected_matmul_cuda's gemm_maps)
+    if (launch.tma_maps != nullptr) {
       launch_sm90<M, kARowMajor, kBRowMajor, true>(args, *launch.tma_maps, launch);
-      return;
-    }
-    sm90::TmaMaps maps{};
-    if (launch.kernels.sm90_tma && tma_maps<kARowMajor, kBRowMajor>(args, &maps)) {
-      launch_sm90<M, kARowMajor, kBRowMajor, true>(args, maps, launch);
     } else {
-      launch_sm90<M, kARowMajor, kBRowMajor, false>(args, maps, launch);
+      launch_sm90<M, kARowMajor, kBRowMajor, false>(args, sm90::TmaMaps{}, launch);
     }
 #endif
   } else {
@@ -909,8 +916,7 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
-                 bool overlaps_previous, const KernelChoice& kernels, int sm_count,
-                 const sm90::TmaMaps* tma_maps = nullptr) {
+                 bool overlaps_previous, const KernelChoice& kernels, int sm_count, const sm90::TmaMaps* tma_maps) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
@@ -924,6 +930,20 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
   });
 }
 
+// Whether the tile GEMMs read an operand that TMA cannot read in place (a start, line or batch stride not a multiple
+// of 16 bytes: an odd K or N, a storage offset) from a copy that it can (tma_readable_copy), instead of copying their
+// stages with cp.async. The copy reads and writes the operand once more and needs its memory; it gives the TMA
+// stages, and where K <= 128 the tiles' own line ranges. H200, session 97, same build, us per call back to back,
+// auto, cp.async (TORCH_WMMAE_TMA_COPIES=0) -> copies: 4097^3 2599 -> 1318 (torch fp32 3139), 2049^3 387 -> 236,
+// 4096^2 x 33 76.8 -> 61.3, 4096^2 x 64 with A one float past 16 bytes 75.0 -> 58.0, 2049^2 x 256 93.0 -> 75.4,
+// 1448^2 x 99 29.9 -> 22.1, 8 x 1025^2 x 64 92.4 -> 77.1; aligned shapes unchanged (4096^2 x 64 54.4 / 54.5). An
+// odd N gains less (4097^2 x 64 148 -> 137, torch 73): there the GEMM's time goes to the output's odd width, which
+// a copy of B does not change. A batch of more than one dimension keeps cp.async (TMA reads one).
+// TORCH_WMMAE_TMA_COPIES=0 turns the copies off (the outputs are the same bits).
+bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
+  return kernels.sm90_tma && args.batch.ndim <= 1 && !env_is("TORCH_WMMAE_TMA_COPIES", "0");
+}
+
 // Whether a call runs the small GEMM (corrected_gemm_small.cuh) instead of the tile GEMMs: fp16 and auto where K fits
 // in its shared memory (K <= kSmallMaxK), by default where a batch entry's output fits one 64x64 tile, which fills a
 // quarter of the tile GEMMs' 128x128 tiles, or where the whole call's output is at most kSmallCallOutputs elements
@@ -933,13 +953,17 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // it gains less or loses: 512^2 x 32 6.68 -> 6.27, x 64 7.83 -> 7.97, x 128 9.96 -> 10.52, 1024^2 x 32 6.74 -> 9.14,
 // 16 x 256^2 x 64 7.97 -> 10.60. On H100/H200, where the wgmma GEMM could not read an operand by TMA (a start or
 // line stride not a multiple of 16 bytes, more than one batch dimension, TMA switched off: tma_reads() is false),
-// it copies with cp.async and the call is four or five kernels (the workspace's zeroing, the pre-pass, the GEMMs,
-// auto's check), not the GEMM alone, and the small GEMM wins on calls of up to kSmallUnreadCallOutputs outputs
+// it copied with cp.async and the call was four or five kernels (the workspace's zeroing, the pre-pass, the GEMMs,
+// auto's check), not the GEMM alone, and the small GEMM won on calls of up to kSmallUnreadCallOutputs outputs
 // (H200, session 96, back to back, us, tile GEMMs -> small GEMM, auto: with A's lines unaligned (odd K) 1024^2 x 50
 // 15.5 -> 12.4, x 99 19.0 -> 18.4, x 127 19.8 -> 16.8, 4 x 512^2 x 63 16.4 -> 12.5; A 4 bytes past 16, 1024^2 x
 // 128 19.7 -> 16.8; B's (odd N) 257^2 x 64 23.9 -> 7.8, 769^2 x 64 25.7 -> 10.4, 513^2 x 128 27.7 -> 12.2, 64 x
 // 65^2 x 64 26.8 -> 10.4; beyond the bound, A's lines unaligned: 1448^2 x 63 23.1 -> 18.9, x 99 30.0 -> 35.7,
 // 2048^2 x 50 23.3 -> 29.1, 16 x 512^2 x 63 28.3 -> 29.4; B's: 1025^2 x 64 25.2 -> 12.5, 8193^2 x 64 481 -> 404).
+// Where the tile GEMMs read copies instead (tma_copies_apply), the small GEMM keeps only the calls with an odd N,
+// whose output's odd width the copies leave slow (H200, session 97, same build, us, small GEMM -> copies and tile
+// GEMMs: 1024^2 x 50 12.38 -> 10.40, x 99 18.33 -> 12.86, 1024^2 x 64 with A one float past 16 bytes 12.50 -> 9.78;
+// odd N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
@@ -953,7 +977,9 @@ bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaRe
       (args.m <= kSmallCallExtent && args.n <= kSmallCallExtent && outputs <= kSmallCallOutputs)) {
     return true;
   }
-  return kernels.sm90 && outputs <= kSmallUnreadCallOutputs && !tma_reads();  // (asked last: it encodes the maps)
+  // (tma_reads() asked last: it encodes the maps)
+  return kernels.sm90 && outputs <= kSmallUnreadCallOutputs &&
+         (args.n % 2 != 0 || !tma_copies_apply(args, kernels)) && !tma_reads();
 }
 
 // The small GEMM's output tiles of `tile` per batch entry.
@@ -1090,6 +1116,24 @@ void launch_small_gemm(const GemmArgs& args, bool a_row_major, bool b_row_major,
 bool row_major_view(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) == 1; }
 bool col_major_view(const at::Tensor& t) { return t.stride(-2) == 1 || t.size(-2) == 1; }
 
+// A copy of the operand view t ([*batch,] lines x inner where row_major, else transposed) in the same orientation,
+// each line padded to a multiple of 16 bytes in a fresh allocation (at least 16-byte aligned), so that TMA can read
+// it. Batch dimensions broadcast with stride 0 stay broadcasts of one copy.
+at::Tensor tma_readable_copy(const at::Tensor& t, bool row_major) {
+  at::Tensor source = t;
+  for (std::int64_t d = 0; d + 2 < t.dim(); ++d) {
+    if (t.stride(d) == 0) source = source.narrow(d, 0, 1);
+  }
+  const at::Tensor lines = row_major ? source : source.transpose(-2, -1);  // inner dimension last
+  std::vector<std::int64_t> padded = lines.sizes().vec();
+  constexpr std::int64_t kFloatsPer16Bytes = 4;
+  padded.back() = (padded.back() + kFloatsPer16Bytes - 1) / kFloatsPer16Bytes * kFloatsPer16Bytes;
+  at::Tensor copy = at::empty(padded, t.options()).narrow(-1, 0, lines.size(-1));
+  copy.copy_(lines);
+  return (row_major ? copy : copy.transpose(-2, -1)).expand(t.sizes());
+}
+
+
 at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, c10::string_view method_name) {
   const Method method = method_from_string(std::string(method_name));
   MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");  // checks dtypes, devices and shapes first
@@ -1115,24 +1159,30 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     b = b.contiguous();
     b_row = true;
   }
-  if (!a.is_same(plan.a) || !b.is_same(plan.b)) {
-    const std::vector<std::int64_t> out_shape = plan.out_shape;  // the views are >= 2-D now: keep the 1-D rules
-    plan = plan_matmul(a, b, "corrected_matmul");
-    plan.out_shape = out_shape;
-  }
+  const auto replan_if_copied = [&] {
+    if (!a.is_same(plan.a) || !b.is_same(plan.b)) {
+      const std::vector<std::int64_t> out_shape = plan.out_shape;  // the views are >= 2-D now: keep the 1-D rules
+      plan = plan_matmul(a, b, "corrected_matmul");
+      plan.out_shape = out_shape;
+    }
+  };
+  replan_if_copied();
 
   GemmArgs args{};
-  args.a = a.data_ptr<float>();
-  args.b = b.data_ptr<float>();
+  const auto point_at_operands = [&] {
+    args.a = a.data_ptr<float>();
+    args.b = b.data_ptr<float>();
+    args.a_rs = a.stride(-2);
+    args.a_ks = a.stride(-1);
+    args.b_ks = b.stride(-2);
+    args.b_cs = b.stride(-1);
+    args.batch = plan.batch_strides;
+  };
+  point_at_operands();
   args.c = out.data_ptr<float>();
   args.m = plan.m;
   args.n = plan.n;
   args.k = plan.k;
-  args.a_rs = a.stride(-2);
-  args.a_ks = a.stride(-1);
-  args.b_ks = b.stride(-2);
-  args.b_cs = b.stride(-1);
-  args.batch = plan.batch_strides;
   args.num_batches = plan.batch;
   args.method = method;
 
@@ -1149,8 +1199,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
               std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ? " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "",
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
-  // A's and B's TMA maps, encoded at most once per call, where a choice below asks whether TMA can read the
-  // operands; both GEMMs read with them (the maps do not depend on the method).
+  // A's and B's TMA maps, encoded at most once per call, where a choice below or the wgmma GEMMs ask whether TMA can
+  // read the operands; the resident pre-pass and both GEMMs read with them (the maps do not depend on the method).
   sm90::TmaMaps gemm_tma_maps{};
   std::optional<bool> tma_maps_encoded;
   const auto tma_reads = [&] {
@@ -1165,6 +1215,16 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
     return out;
   }
+#ifdef WMMAE_HAS_SM90A
+  if (tma_copies_apply(args, kernels) && !tma_reads()) {
+    const TmaReadable in_place = encode_operand_maps(args, a_row, b_row, &gemm_tma_maps);
+    if (!in_place.a) a = tma_readable_copy(a, a_row);
+    if (!in_place.b) b = tma_readable_copy(b, b_row);
+    replan_if_copied();
+    point_at_operands();
+    tma_maps_encoded.reset();  // (asked again below, of the copies)
+  }
+#endif
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
@@ -1172,8 +1232,6 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
   bool prepass_launched = false;
-  // gemm_tma_maps where the GEMMs read with them after the resident pre-pass (which encodes them itself).
-  const sm90::TmaMaps* gemm_maps = nullptr;
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
   // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
 #ifdef WMMAE_HAS_SM90A
@@ -1184,7 +1242,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, true, kernels, sm_count, &gemm_tma_maps);
     return out;
   }
-  const bool resident = resident_prepass_applies(args, kernels);
+  const bool resident = resident_prepass_applies(args, kernels) && tma_reads();
 #else
   const bool resident = false;
 #endif
@@ -1214,9 +1272,10 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (resident) {
     prepass_launched = launch_resident_prepass(args, a_lines, b_lines, a_row, b_row, base + 3 * per, sm_count,
                                                stream, gemm_tma_maps);
-    if (prepass_launched) gemm_maps = &gemm_tma_maps;
   }
 #endif
+  // The wgmma GEMMs read by TMA wherever it can read both operands; the WMMA GEMMs take no maps.
+  const sm90::TmaMaps* const gemm_maps = kernels.sm90 && tma_reads() ? &gemm_tma_maps : nullptr;
   if (!prepass_launched) {
     prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
                                       kernels.overlap_launches, stream);
