@@ -1379,8 +1379,8 @@ def _tile_gemms_unless_asked(monkeypatch):
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule
 # takes the small GEMM (small_gemm_applies: an entry's output at most 64 x 64, or the call's at most 256^2 elements
 # with M, N <= 256, or "no_tma": where the wgmma GEMM runs, could not read an operand by TMA in place, and would not
-# read a copy (two batch dimensions) or the output's width is odd, the call's output at most 2^20 elements; else
-# only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
+# read a copy (two batch dimensions) or the output's width is odd or M or N is at most 32, the call's output at most
+# 2^20 elements; else only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
 # 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
 # K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128); each case also
 # runs with every tile forced (TORCH_WMMAE_SMALL_TILE), so that tile 64, which the default takes only for grids of
@@ -1407,11 +1407,15 @@ SMALL_GEMM_CASES = {
     "k64_257x100": (((1, 257, 64), 64, 0, False), ((1, 64, 100), 100, 0, False), False),
     # operands TMA cannot read in place up to the bound of 2^20 outputs, and just beyond it (1025 x 1024): B's lines
     # of 301 floats (an odd output width) and two batch dimensions (no copies) are taken; A's lines of 50 floats and
-    # a start 4 bytes past 16 are not (the tile GEMMs read copies: test_small_gemm_where_the_tile_gemms_read_no_copies)
+    # a start 4 bytes past 16 are not (the tile GEMMs read copies: test_small_gemm_where_the_tile_gemms_read_no_copies),
+    # but for outputs of 32 rows or columns (taken; not 64)
     "k50_a_lines_unaligned_1024x1024": (((1, 1024, 50), 50, 0, False), ((1, 50, 1024), 1024, 0, False), False),
     "k64_b_lines_unaligned_300x301": (((300, 64), 64, 0, False), ((64, 301), 301, 0, False), "no_tma"),
     "k128_a_offset_2x512x512": (((2, 512, 128), 128, 1, False), ((2, 128, 512), 512, 0, False), False),
     "k64_two_batch_dims_300x300": (((2, 1, 300, 64), 64, 0, False), ((3, 64, 300), 300, 0, False), "no_tma"),
+    "k63_a_lines_unaligned_4096x32": (((4096, 63), 63, 0, False), ((63, 32), 32, 0, False), "no_tma"),
+    "k63_a_lines_unaligned_32x4096": (((32, 63), 63, 0, False), ((63, 4096), 4096, 0, False), "no_tma"),
+    "k63_a_lines_unaligned_64x4096": (((64, 63), 63, 0, False), ((63, 4096), 4096, 0, False), False),
     "k99_a_lines_unaligned_1025x1024": (((1025, 99), 99, 0, False), ((99, 1024), 1024, 0, False), False),
     "k32_tile16_both_col": (((3, 16, 32), 16, 0, True), ((3, 32, 16), 32, 0, True), True),
     "k33_tile16_b_offset": (((3, 11, 33), 33, 0, False), ((3, 33, 14), 14, 1, False), True),
@@ -1467,7 +1471,8 @@ def _fma_sequence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method):
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
     tile or the call's output is at most 256^2 elements with M, N <= 256, or on H100/H200 at most 2^20 elements
-    where TMA could not read an operand (and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its
+    where TMA could not read an operand in place and the tile GEMMs would stay slow on a copy (SMALL_GEMM_CASES'
+    "no_tma"; and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its
     tiles that holds the output
     (16, 32 or 64; 32 for a 64 x 64 output on small grids) and its kernel for the K bucket that holds K, over any
     strides, offsets and broadcasts; it writes every output (a NaN-poisoned pool) and is correct: within the

@@ -961,14 +961,18 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // 65^2 x 64 26.8 -> 10.4; beyond the bound, A's lines unaligned: 1448^2 x 63 23.1 -> 18.9, x 99 30.0 -> 35.7,
 // 2048^2 x 50 23.3 -> 29.1, 16 x 512^2 x 63 28.3 -> 29.4; B's: 1025^2 x 64 25.2 -> 12.5, 8193^2 x 64 481 -> 404).
 // Where the tile GEMMs read copies instead (tma_copies_apply), the small GEMM keeps only the calls with an odd N,
-// whose output's odd width the copies leave slow (H200, session 97, same build, us, small GEMM -> copies and tile
+// whose output's odd width the copies leave slow, and those with M or N at most kSmallNarrowExtent, which fill a
+// quarter or less of the tile GEMMs' 128-wide tiles (H200, session 97, same build, us, small GEMM -> copies and tile
 // GEMMs: 1024^2 x 50 12.38 -> 10.40, x 99 18.33 -> 12.86, 1024^2 x 64 with A one float past 16 bytes 12.50 -> 9.78;
-// odd N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23).
+// odd N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23; A's lines of 63
+// floats, M x N: 65536 x 16 30.02 -> 45.56, 32768 x 32 16.66 -> 23.66, 16384 x 64 14.02 -> 13.86, 8192 x 128 13.08
+// -> 11.47, 16 x 65536 26.00 -> 32.76, 64 x 16384 12.47 -> 11.30, 128 x 8192 12.44 -> 10.19).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
 constexpr std::int64_t kSmallCallExtent = 256;
 constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
+constexpr std::int64_t kSmallNarrowExtent = 32;
 template <class TmaReads>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
@@ -978,8 +982,9 @@ bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaRe
     return true;
   }
   // (tma_reads() asked last: it encodes the maps)
+  const bool copies_stay_slow = args.n % 2 != 0 || std::min(args.m, args.n) <= kSmallNarrowExtent;
   return kernels.sm90 && outputs <= kSmallUnreadCallOutputs &&
-         (args.n % 2 != 0 || !tma_copies_apply(args, kernels)) && !tma_reads();
+         (copies_stay_slow || !tma_copies_apply(args, kernels)) && !tma_reads();
 }
 
 // The small GEMM's output tiles of `tile` per batch entry.
@@ -1132,7 +1137,6 @@ at::Tensor tma_readable_copy(const at::Tensor& t, bool row_major) {
   copy.copy_(lines);
   return (row_major ? copy : copy.transpose(-2, -1)).expand(t.sizes());
 }
-
 
 at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, c10::string_view method_name) {
   const Method method = method_from_string(std::string(method_name));
