@@ -1,9 +1,10 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
 // 0. Small products (fp16 and auto, K <= 128, and each batch entry's output at most 64x64, or the call's at most
-//    256^2 elements, or at most 2^20 where the tile GEMMs could not read an operand by TMA: small_gemm_applies) are
-//    one kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what follows for its tiles (64x64,
-//    32x32 or 16x16) itself (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
+//    256^2 elements, or at most 2^20 where TMA could not read an operand in place and the tile GEMMs would stay
+//    slow on a copy of it: small_gemm_applies) are one kernel, the small GEMM of corrected_gemm_small.cuh, which
+//    does all of what follows for its tiles (64x64, 32x32 or 16x16) itself (auto's tiles that are not fp16-safe
+//    with float32 FMAs). The rest is the tile GEMMs'.
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
@@ -576,7 +577,7 @@ namespace {
 // The GEMM kernels a call runs and how they are launched, decided once per call from the device and the
 // environment (env_is). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
 // includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel. sm90_tma: its
-// fp32 stages may come by TMA (see encode_tma_maps), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
+// fp32 stages may come by TMA (see TmaReadable), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
 // outputs are the same bits). overlap_launches: a kernel may start while the one before it runs (programmatic
 // dependent launch, compute capability 9.0 and newer; see allow_dependent_grid).
 // wmma_compact: the WMMA kernel's fp16 GEMM with stages of 16 k (GemmConfig's kCompact), where the device
@@ -682,17 +683,11 @@ TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
   return {a, b};
 }
 
-// tma_operand_maps for the operands' layout (a_row, b_row: row-major).
+// tma_operand_maps for the operands' layout (a_row, b_row: row-major). The wgmma kernel's fp32 stages come by TMA
+// where TMA can read both operands, with these maps; otherwise by cp.async (also where KernelChoice::sm90_tma is off).
 TmaReadable encode_operand_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
   return a_row ? (b_row ? tma_operand_maps<true, true>(args, maps) : tma_operand_maps<true, false>(args, maps))
                : (b_row ? tma_operand_maps<false, true>(args, maps) : tma_operand_maps<false, false>(args, maps));
-}
-
-// The wgmma kernel's fp32 stages come by TMA where TMA can read both operands in place (TmaReadable), with the
-// maps this encodes; otherwise by cp.async (also where KernelChoice::sm90_tma is off).
-bool encode_tma_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
-  const TmaReadable readable = encode_operand_maps(args, a_row, b_row, maps);
-  return readable.a && readable.b;
 }
 #endif
 
@@ -754,7 +749,7 @@ bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels)
 // the call runs no pre-pass. It can where a tile's whole K lies in the kStages stages that it issues at its start
 // (K <= 128: the last one in the slot of the previous piece's last stage, which frees up as that piece ends) and
 // every tile is computed whole (no split-K or stream-K): fp16 and auto on the wgmma kernel with TMA stages (TMA
-// must read both operands in place: encode_tma_maps). Where a batch entry's output is one tile (m, n <= 128), each
+// must read both operands in place: encode_operand_maps). Where a batch entry's output is one tile (m, n <= 128), each
 // line is folded once, as the pre-pass folds it, so it always does. Where tiles share lines, each folds them
 // again: a cost per tile (about 0.6 us per wave of tiles at K = 64, H200), against the pre-pass's fixed cost (its
 // launch and its reads before the first tile's scales, and for auto the tf32 GEMM and the fallback check, which
@@ -1206,11 +1201,13 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // A's and B's TMA maps, encoded at most once per call, where a choice below or the wgmma GEMMs ask whether TMA can
   // read the operands; the resident pre-pass and both GEMMs read with them (the maps do not depend on the method).
   sm90::TmaMaps gemm_tma_maps{};
-  std::optional<bool> tma_maps_encoded;
+  std::optional<TmaReadable> tma_readable;  // (per operand: the copies below take those that TMA cannot read)
   const auto tma_reads = [&] {
 #ifdef WMMAE_HAS_SM90A
-    if (!tma_maps_encoded) tma_maps_encoded = kernels.sm90_tma && encode_tma_maps(args, a_row, b_row, &gemm_tma_maps);
-    return *tma_maps_encoded;
+    if (!tma_readable) {
+      tma_readable = kernels.sm90_tma ? encode_operand_maps(args, a_row, b_row, &gemm_tma_maps) : TmaReadable{};
+    }
+    return tma_readable->a && tma_readable->b;
 #else
     return false;
 #endif
@@ -1221,12 +1218,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   }
 #ifdef WMMAE_HAS_SM90A
   if (tma_copies_apply(args, kernels) && !tma_reads()) {
-    const TmaReadable in_place = encode_operand_maps(args, a_row, b_row, &gemm_tma_maps);
-    if (!in_place.a) a = tma_readable_copy(a, a_row);
-    if (!in_place.b) b = tma_readable_copy(b, b_row);
+    if (!tma_readable->a) a = tma_readable_copy(a, a_row);
+    if (!tma_readable->b) b = tma_readable_copy(b, b_row);
     replan_if_copied();
     point_at_operands();
-    tma_maps_encoded.reset();  // (asked again below, of the copies)
+    tma_readable.reset();  // (asked again below, of the copies)
   }
 #endif
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
@@ -1278,8 +1274,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
                                                stream, gemm_tma_maps);
   }
 #endif
-  // The wgmma GEMMs read by TMA wherever it can read both operands; the WMMA GEMMs take no maps.
-  const sm90::TmaMaps* const gemm_maps = kernels.sm90 && tma_reads() ? &gemm_tma_maps : nullptr;
+  // The wgmma GEMMs read by TMA wherever it can read both operands (never on the WMMA GEMMs: no sm90_tma).
+  const sm90::TmaMaps* const gemm_maps = tma_reads() ? &gemm_tma_maps : nullptr;
   if (!prepass_launched) {
     prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
                                       kernels.overlap_launches, stream);
