@@ -1472,8 +1472,7 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
     """Small products run as one kernel, the small GEMM, by default where each batch entry's output fits a 64 x 64
     tile or the call's output is at most 256^2 elements with M, N <= 256, or on H100/H200 at most 2^20 elements
     where TMA could not read an operand in place and the tile GEMMs would stay slow on a copy (SMALL_GEMM_CASES'
-    "no_tma"; and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its
-    tiles that holds the output
+    "no_tma"; and with TORCH_WMMAE_SMALL_GEMM=1 on more tiles), in the smallest of its tiles that holds the output
     (16, 32 or 64; 32 for a 64 x 64 output on small grids) and its kernel for the K bucket that holds K, over any
     strides, offsets and broadcasts; it writes every output (a NaN-poisoned pool) and is correct: within the
     dot-product bound, and on "wide" inputs (_make_wide: 2^+-40, an Inf, a NaN) auto keeps float32 accuracy and
@@ -1644,7 +1643,8 @@ def test_small_gemm_where_the_tile_gemms_read_no_copies(gen, monkeypatch, switch
     """Where the wgmma GEMM would copy its stages with cp.async, with its TMA stages switched off
     (TORCH_WMMAE_SM90_TMA=0) or, for A's lines of 50 floats, which TMA cannot read in place, with the copies that it
     can read switched off (TORCH_WMMAE_TMA_COPIES=0), the default rule gives calls of up to 2^20 outputs to the small
-    GEMM (512^2 x 64 here), which it does not with the switch on; the fp16 method's bits are the same either way."""
+    GEMM (512^2 x 64, or x 50 with A's lines of 50 floats, here), which it does not with the switch on; the fp16
+    method's bits are the same either way."""
     if not runs_sm90_gemm():
         pytest.skip("the rule is that of the wgmma GEMM (H100/H200)")
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
