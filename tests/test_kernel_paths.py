@@ -326,16 +326,19 @@ def _own_kernels(names: list[str]) -> list[str]:
     return [name for name in names if "wmmae" in name]
 
 
-def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: bool = True) -> tuple[dict, dict]:
+def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: bool = True,
+                     pool=contextlib.nullcontext) -> tuple[dict, dict]:
     """call() once with the environment switch `name` at each of `values` ("default": unset), under
-    deterministic(deterministic_mode): what it returned and the names of the CUDA kernels it launched, by value."""
+    deterministic(deterministic_mode) and inside a fresh pool() (e.g. poisoned_cuda_pool), which the profiler's
+    region lies in (a memory pool made and freed inside it came with the profiler's rare crashes: sessions 96-97):
+    what it returned and the names of the CUDA kernels it launched, by value."""
     outs, kernels = {}, {}
     for value in values:
         if value == "default":
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
-        with deterministic(deterministic_mode):
+        with deterministic(deterministic_mode), pool():
             kernels[value] = _launched_kernels(lambda: outs.setdefault(value, call()))
     return outs, kernels
 
@@ -560,11 +563,9 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
     b = _strided_matrix(gen, *b_layout, col_major=b_col)
     a_before, b_before = a.clone(), b.clone()
 
-    def call():
-        with poisoned_cuda_pool(float("nan")):
-            return torch_wmmae.corrected_matmul(a, b, method=method)
-
-    outs, kernels = _calls_by_switch(monkeypatch, TMA_COPIES_SWITCH, ("default", "0"), call)
+    call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
+    pool = lambda: poisoned_cuda_pool(float("nan"))
+    outs, kernels = _calls_by_switch(monkeypatch, TMA_COPIES_SWITCH, ("default", "0"), call, pool=pool)
     torch.testing.assert_close(outs["default"], outs["0"], rtol=0, atol=0)
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     assert_matmul_within_dot_product_bound(outs["default"], a.expand(*batch, *a.shape[-2:]),
@@ -1491,16 +1492,15 @@ def test_corrected_matmul_small_gemm(gen, monkeypatch, case, magnitudes, method)
     entries = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     large_output = 4 * entries * a.shape[-2] * b.shape[-1] > 1 << 20  # (beyond the pool's small blocks)
 
-    def call():
-        with poisoned_cuda_pool(float("nan"), large=large_output):
-            return torch_wmmae.corrected_matmul(a, b, method=method)
+    call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
+    pool = lambda: poisoned_cuda_pool(float("nan"), large=large_output)
 
     sm_count = torch.cuda.get_device_properties(a.device).multi_processor_count
     monkeypatch.delenv(SMALL_TILE_SWITCH, raising=False)
-    outs, kernels = _calls_by_switch(monkeypatch, SMALL_GEMM_SWITCH, ("default", "1", "0"), call)
+    outs, kernels = _calls_by_switch(monkeypatch, SMALL_GEMM_SWITCH, ("default", "1", "0"), call, pool=pool)
     monkeypatch.setenv(SMALL_GEMM_SWITCH, "1")
     tiles = ("16", "32", "64")
-    forced, forced_kernels = _calls_by_switch(monkeypatch, SMALL_TILE_SWITCH, tiles, call)
+    forced, forced_kernels = _calls_by_switch(monkeypatch, SMALL_TILE_SWITCH, tiles, call, pool=pool)
     if profiler_records_kernels():
         for tile in tiles:
             ran = _own_kernels(forced_kernels[tile])
@@ -1651,11 +1651,9 @@ def test_small_gemm_where_the_tile_gemms_read_no_copies(gen, monkeypatch, switch
     a = _strided_matrix(gen, (512, a_line), a_line, 0, col_major=False)
     b = random_tensor(gen, (a.shape[1], 512), "normal", "cuda")
 
-    def call():
-        with poisoned_cuda_pool(float("nan")):
-            return torch_wmmae.corrected_matmul(a, b, method="fp16")
-
-    outs, kernels = _calls_by_switch(monkeypatch, switch, ("0", "1"), call)
+    call = lambda: torch_wmmae.corrected_matmul(a, b, method="fp16")
+    pool = lambda: poisoned_cuda_pool(float("nan"))
+    outs, kernels = _calls_by_switch(monkeypatch, switch, ("0", "1"), call, pool=pool)
     assert_matmul_within_dot_product_bound(outs["0"], a, b, f"{switch}=0")
     torch.testing.assert_close(outs["0"], outs["1"], rtol=0, atol=0)
     if profiler_records_kernels():
