@@ -961,13 +961,20 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // GEMMs: 1024^2 x 50 12.38 -> 10.40, x 99 18.33 -> 12.86, 1024^2 x 64 with A one float past 16 bytes 12.50 -> 9.78;
 // odd N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23; A's lines of 63
 // floats, M x N: 65536 x 16 30.02 -> 45.56, 32768 x 32 16.66 -> 23.66, 16384 x 64 14.02 -> 13.86, 8192 x 128 13.08
-// -> 11.47, 16 x 65536 26.00 -> 32.76, 64 x 16384 12.47 -> 11.30, 128 x 8192 12.44 -> 10.19).
+// -> 11.47, 16 x 65536 26.00 -> 32.76, 64 x 16384 12.47 -> 11.30, 128 x 8192 12.44 -> 10.19). Beyond
+// kSmallUnreadCallOutputs the small GEMM also takes those two kinds where it won there: M or N at most
+// kSmallNarrowExtent, and an odd N with K <= kSmallOddWidthMaxK (H200, session 97, same build, us, copies and tile
+// GEMMs -> small GEMM: 1048576 x 8 x 64 747 -> 440, 262144 x 32 x 99 232 -> 206, 4097^2 x 64 136.4 -> 108.8,
+// 8193^2 x 64 466 -> 409; but 2049^2 x 128 51.6 -> 53.5; session 96, against cp.async, which an odd N's copies
+// barely change: 2049^2 x 64 57.0 -> 31.9, 4097^2 x 32 135.8 -> 81.9, 16 x 513^2 x 64 67.0 -> 34.7, 1024 x 65^2
+// x 64 142.1 -> 90.3).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
 constexpr std::int64_t kSmallCallExtent = 256;
 constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
 constexpr std::int64_t kSmallNarrowExtent = 32;
+constexpr std::int64_t kSmallOddWidthMaxK = 64;
 template <class TmaReads>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
@@ -977,9 +984,12 @@ bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaRe
     return true;
   }
   // (tma_reads() asked last: it encodes the maps)
-  const bool copies_stay_slow = args.n % 2 != 0 || std::min(args.m, args.n) <= kSmallNarrowExtent;
-  return kernels.sm90 && outputs <= kSmallUnreadCallOutputs &&
-         (copies_stay_slow || !tma_copies_apply(args, kernels)) && !tma_reads();
+  if (!kernels.sm90) return false;
+  const bool odd_width = args.n % 2 != 0, narrow = std::min(args.m, args.n) <= kSmallNarrowExtent;
+  const bool small_wins = outputs <= kSmallUnreadCallOutputs
+                              ? odd_width || narrow || !tma_copies_apply(args, kernels)
+                              : narrow || (odd_width && args.k <= kSmallOddWidthMaxK);
+  return small_wins && !tma_reads();
 }
 
 // The small GEMM's output tiles of `tile` per batch entry.
