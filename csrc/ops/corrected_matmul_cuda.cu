@@ -1,8 +1,9 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
 // 0. Small products (fp16 and auto, K <= 128, and each batch entry's output at most 64x64, or the call's at most
-//    256^2 elements, or at most 2^20 where TMA could not read an operand in place and the tile GEMMs would stay
-//    slow on a copy of it: small_gemm_applies) are one kernel, the small GEMM of corrected_gemm_small.cuh, which
+//    256^2 elements, or, where TMA could not read an operand in place, at most 2^20 where the tile GEMMs would
+//    stay slow on a copy of it, and beyond that with M or N at most 32 or an odd N with K <= 64:
+//    small_gemm_applies) are one kernel, the small GEMM of corrected_gemm_small.cuh, which
 //    does all of what follows for its tiles (64x64, 32x32 or 16x16) itself (auto's tiles that are not fp16-safe
 //    with float32 FMAs). The rest is the tile GEMMs'.
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
@@ -956,7 +957,9 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // 65^2 x 64 26.8 -> 10.4; beyond the bound, A's lines unaligned: 1448^2 x 63 23.1 -> 18.9, x 99 30.0 -> 35.7,
 // 2048^2 x 50 23.3 -> 29.1, 16 x 512^2 x 63 28.3 -> 29.4; B's: 1025^2 x 64 25.2 -> 12.5, 8193^2 x 64 481 -> 404).
 // Where the tile GEMMs read copies instead (tma_copies_apply), the small GEMM keeps only the calls with an odd N,
-// whose output's odd width the copies leave slow, and those with M or N at most kSmallNarrowExtent, which fill a
+// whose output's odd width the copies leave slow (the wgmma GEMM's flush then stores element by element, 9 of each
+// 32-byte sector's bytes per store: H200, session 98, ncu, 4097^2 x 64 against 4096^2 x 64, 4x the store
+// requests, 4.8x the L2 write requests, 138 against 60 us, the same DRAM bytes), and those with M or N at most kSmallNarrowExtent, which fill a
 // quarter or less of the tile GEMMs' 128-wide tiles (H200, session 97, same build, us, small GEMM -> copies and tile
 // GEMMs: 1024^2 x 50 12.38 -> 10.40, x 99 18.33 -> 12.86, 1024^2 x 64 with A one float past 16 bytes 12.50 -> 9.78;
 // odd N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23; A's lines of 63
@@ -967,7 +970,8 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // GEMMs -> small GEMM: 1048576 x 8 x 64 747 -> 440, 262144 x 32 x 99 232 -> 206, 4097^2 x 64 136.4 -> 108.8,
 // 8193^2 x 64 466 -> 409; but 2049^2 x 128 51.6 -> 53.5; session 96, against cp.async, which an odd N's copies
 // barely change: 2049^2 x 64 57.0 -> 31.9, 4097^2 x 32 135.8 -> 81.9, 16 x 513^2 x 64 67.0 -> 34.7, 1024 x 65^2
-// x 64 142.1 -> 90.3).
+// x 64 142.1 -> 90.3; session 98, this rule against TORCH_WMMAE_SMALL_GEMM=0: 4097^2 x 64 138.9 -> 109.2, 4097^2 x
+// 32 130.2 -> 82.4, 1048576 x 8 x 64 751 -> 440, 40000 x 32 x 31 23.5 -> 15.3, 32 x 262144 x 63 114 -> 104).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
