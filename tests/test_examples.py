@@ -90,3 +90,24 @@ def test_readme_points_to_tests_and_files_that_exist():
     paths |= links
     missing = sorted(p for p in paths if not (REPO_ROOT / p).exists())
     assert len(paths) > 10 and not missing, f"README names paths that do not exist: {missing}"
+
+
+NUMBER_WORDS = {word: n for n, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty".split())}
+
+
+def test_readme_lists_every_environment_switch_the_sources_read():
+    """README's table of environment variables has a row for each TORCH_WMMAE_ variable that the C++/CUDA sources
+    read at a call (all but the build's TORCH_WMMAE_CPU_ONLY), no other rows, and the count its text gives."""
+    sources = [p for p in (REPO_ROOT / "csrc").rglob("*") if p.suffix in {".cpp", ".cu", ".cuh", ".hpp", ".h"}]
+    read = {name for path in sources for name in re.findall(r'"(TORCH_WMMAE_[A-Z0-9_]+)"', path.read_text())}
+    assert len(read) > 5, read
+    readme = (REPO_ROOT / "README.md").read_text()
+    count = re.search(r"(\w+) environment variables, read at each call", readme)
+    assert count, "README's sentence that counts the environment variables"
+    table = readme[count.end():].split("\n\n", 2)[1]  # (the paragraph after the sentence's: the table)
+    rows = re.findall(r"^\| `(TORCH_WMMAE_[A-Z0-9_]+)", table, re.MULTILINE)
+    assert len(rows) == len(set(rows)), rows
+    assert set(rows) == read, f"sources only: {sorted(read - set(rows))}, README only: {sorted(set(rows) - read)}"
+    assert NUMBER_WORDS.get(count.group(1).lower()) == len(rows), (count.group(1), len(rows))
