@@ -956,22 +956,22 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // 128 19.7 -> 16.8; B's (odd N) 257^2 x 64 23.9 -> 7.8, 769^2 x 64 25.7 -> 10.4, 513^2 x 128 27.7 -> 12.2, 64 x
 // 65^2 x 64 26.8 -> 10.4; beyond the bound, A's lines unaligned: 1448^2 x 63 23.1 -> 18.9, x 99 30.0 -> 35.7,
 // 2048^2 x 50 23.3 -> 29.1, 16 x 512^2 x 63 28.3 -> 29.4; B's: 1025^2 x 64 25.2 -> 12.5, 8193^2 x 64 481 -> 404).
-// Where the tile GEMMs read copies instead (tma_copies_apply), the small GEMM keeps only the calls with an odd N,
-// whose output's odd width the copies leave slow (the wgmma GEMM's flush then stores element by element, 9 of each
-// 32-byte sector's bytes per store: H200, session 98, ncu, 4097^2 x 64 against 4096^2 x 64, 4x the store
-// requests, 4.8x the L2 write requests, 138 against 60 us, the same DRAM bytes), and those with M or N at most kSmallNarrowExtent, which fill a
-// quarter or less of the tile GEMMs' 128-wide tiles (H200, session 97, same build, us, small GEMM -> copies and tile
-// GEMMs: 1024^2 x 50 12.38 -> 10.40, x 99 18.33 -> 12.86, 1024^2 x 64 with A one float past 16 bytes 12.50 -> 9.78;
-// odd N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23; A's lines of 63
-// floats, M x N: 65536 x 16 30.02 -> 45.56, 32768 x 32 16.66 -> 23.66, 16384 x 64 14.02 -> 13.86, 8192 x 128 13.08
-// -> 11.47, 16 x 65536 26.00 -> 32.76, 64 x 16384 12.47 -> 11.30, 128 x 8192 12.44 -> 10.19). Beyond
-// kSmallUnreadCallOutputs the small GEMM also takes those two kinds where it won there: M or N at most
-// kSmallNarrowExtent, and an odd N with K <= kSmallOddWidthMaxK (H200, session 97, same build, us, copies and tile
-// GEMMs -> small GEMM: 1048576 x 8 x 64 747 -> 440, 262144 x 32 x 99 232 -> 206, 4097^2 x 64 136.4 -> 108.8,
-// 8193^2 x 64 466 -> 409; but 2049^2 x 128 51.6 -> 53.5; session 96, against cp.async, which an odd N's copies
-// barely change: 2049^2 x 64 57.0 -> 31.9, 4097^2 x 32 135.8 -> 81.9, 16 x 513^2 x 64 67.0 -> 34.7, 1024 x 65^2
-// x 64 142.1 -> 90.3; session 98, this rule against TORCH_WMMAE_SMALL_GEMM=0: 4097^2 x 64 138.9 -> 109.2, 4097^2 x
-// 32 130.2 -> 82.4, 1048576 x 8 x 64 751 -> 440, 40000 x 32 x 31 23.5 -> 15.3, 32 x 262144 x 63 114 -> 104).
+// Where the tile GEMMs read copies instead (tma_copies_apply), the small GEMM keeps only the calls with an odd N, whose
+// output's odd width the copies leave slow (the wgmma GEMM's flush then stores element by element, 9 of each 32-byte
+// sector's bytes per store: H200, session 98, ncu, 4097^2 x 64 against 4096^2 x 64, 4x the store requests, 4.8x the L2
+// write requests, 138 against 60 us, the same DRAM bytes), and those with M or N at most kSmallNarrowExtent, which fill
+// a quarter or less of the tile GEMMs' 128-wide tiles (H200, session 97, same build, us, small GEMM -> copies and tile
+// GEMMs: 1024^2 x 50 12.38 -> 10.40, x 99 18.33 -> 12.86, 1024^2 x 64 with A one float past 16 bytes 12.50 -> 9.78; odd
+// N: 257^2 x 64 7.89 -> 15.93, 769^2 x 64 10.43 -> 18.92, 64 x 65^2 x 64 10.45 -> 17.23; A's lines of 63 floats, M x N:
+// 65536 x 16 30.02 -> 45.56, 32768 x 32 16.66 -> 23.66, 16384 x 64 14.02 -> 13.86, 8192 x 128 13.08 -> 11.47, 16 x
+// 65536 26.00 -> 32.76, 64 x 16384 12.47 -> 11.30, 128 x 8192 12.44 -> 10.19). Beyond kSmallUnreadCallOutputs the small
+// GEMM also takes those two kinds where it won there: M or N at most kSmallNarrowExtent, and an odd N with K <=
+// kSmallOddWidthMaxK (H200, session 97, same build, us, copies and tile GEMMs -> small GEMM: 1048576 x 8 x 64 747 ->
+// 440, 262144 x 32 x 99 232 -> 206, 4097^2 x 64 136.4 -> 108.8, 8193^2 x 64 466 -> 409; but 2049^2 x 128 51.6 -> 53.5;
+// session 96, against cp.async, which an odd N's copies barely change: 2049^2 x 64 57.0 -> 31.9, 4097^2 x 32 135.8 ->
+// 81.9, 16 x 513^2 x 64 67.0 -> 34.7, 1024 x 65^2 x 64 142.1 -> 90.3; session 98, this rule against
+// TORCH_WMMAE_SMALL_GEMM=0: 4097^2 x 64 138.9 -> 109.2, 4097^2 x 32 130.2 -> 82.4, 1048576 x 8 x 64 751 -> 440, 40000 x
+// 32 x 31 23.5 -> 15.3, 32 x 262144 x 63 114 -> 104).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
