@@ -581,8 +581,6 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
         assert any(PREPASS_KERNEL in k for k in ran) == (path != "folds"), ran
 
 
-
-
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("a_col", [False, True], ids=["a_row", "a_col"])
