@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import glob
 import hashlib
 import os
@@ -262,6 +263,11 @@ def deterministic(enabled: bool = True):
         torch.use_deterministic_algorithms(previous)
 
 
+def cuda_caching_allocator_on() -> bool:
+    """Whether PyTorch's caching allocator serves CUDA memory (compute-sanitizer runs turn it off)."""
+    return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
+
+
 @contextlib.contextmanager
 def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     """Allocations of the block come from a private pool whose only memory is one 2 MiB segment of small
@@ -270,7 +276,7 @@ def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     workspace that a kernel fails to write keeps the poison. Checks at the end that nothing was allocated
     outside those segments. Skips where the caching allocator is off (compute-sanitizer runs), since the pool
     then hands out fresh memory."""
-    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+    if not cuda_caching_allocator_on():
         pytest.skip("needs the caching allocator")
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
@@ -282,12 +288,19 @@ def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
 
 
 def launched_kernels(fn) -> list[tuple[str, int]]:
-    """(name, device index) of every CUDA kernel (and memset or copy) that fn() launches, on any device."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(index)
-    return [(e.name, e.device_index) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    """(name, device index) of every CUDA kernel (and memset or copy) that fn() launches, on any device. Earlier
+    tests' cyclic garbage (a failed test's frames hold its memory pools and tensors) is collected first, and the
+    collector stays off until the events are parsed: the profiler's rare aborts came during a collection."""
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            for index in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(index)
+        return [(e.name, e.device_index) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    finally:
+        gc.enable()
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,14 +11,13 @@ with the accuracy contract of the fuzz test). Deselect with `-m "not large"`.
 from __future__ import annotations
 
 import gc
-import os
 
 import pytest
 import torch
 
 from torch_wmmae import batched_outer, corrected_matmul
 
-from conftest import U32, rel_err, requires_cuda
+from conftest import U32, cuda_caching_allocator_on, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 pytestmark = [requires_cuda, pytest.mark.gpu, pytest.mark.large, pytest.mark.usefixtures("ieee_fp32")]
@@ -75,7 +74,7 @@ def poisoned(call, shape, dtype=torch.float32) -> torch.Tensor:
     private pool whose only free block is the poisoned one of the output's size. An element the kernels fail to
     write stays NaN, which every check here fails, where fresh memory could hold an earlier call's right
     answer for the same inputs. (Without the caching allocator, as under compute-sanitizer, a plain call.)"""
-    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+    if not cuda_caching_allocator_on():
         out = call()
     else:
         pool = torch.cuda.MemPool()
