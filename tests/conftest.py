@@ -318,7 +318,8 @@ def runs_sm90_gemm(device="cuda") -> bool:
 
 
 # The wgmma fp16 kernel's instantiations that read a chunk's partial sums back in one batch (kReadBack).
-READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false>")
+READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false, "
+                              r"false>")
 
 # The small GEMM's kernels (corrected_gemm_small.cuh), their template arguments: tile, K bucket, A row-major,
 # B row-major, hi*hi sums per fragment.

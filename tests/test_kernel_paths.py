@@ -24,10 +24,10 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, READ_BACK_KERNEL, SMALL_GEMM_KERNEL_ARGS, deterministic, device_gemm_grid,
-                      extension_cubin_archs, extension_has_sm90a_code, launched_kernels, outputs_at_risk,
-                      persistent_slots_batch, poisoned_cuda_pool, profiler_records_kernels, random_signs, random_tensor,
-                      random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm)
+from conftest import (DEVICES, READ_BACK_KERNEL, SMALL_GEMM_KERNEL_ARGS, cuda_caching_allocator_on, deterministic,
+                      device_gemm_grid, extension_cubin_archs, extension_has_sm90a_code, launched_kernels,
+                      outputs_at_risk, persistent_slots_batch, poisoned_cuda_pool, profiler_records_kernels,
+                      random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -343,6 +343,25 @@ def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: b
     return outs, kernels
 
 
+def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, what: str) -> dict:
+    """corrected_matmul(a, b, method) at each of the switch's `values` (as _calls_by_switch, each call inside a fresh
+    NaN-poisoned pool, so that an output left unwritten shows): the same bits at each value, within the float32 dot
+    product bound at the first. The names of the kernels each call launched, by value."""
+    call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
+    # (Operand copies may exceed the pool's small blocks. Under compute-sanitizer, where the pool would skip, the
+    # tool watches the accesses instead.)
+    pool = (lambda: poisoned_cuda_pool(float("nan"), large=True)) if cuda_caching_allocator_on() \
+        else contextlib.nullcontext
+    outs, kernels = _calls_by_switch(monkeypatch, switch, values, call, pool=pool)
+    first, *others = values
+    for value in others:
+        torch.testing.assert_close(outs[value], outs[first], rtol=0, atol=0, msg=f"{what}: {switch}={value}")
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    assert_matmul_within_dot_product_bound(outs[first], a.expand(*batch, *a.shape[-2:]),
+                                           b.expand(*batch, *b.shape[-2:]), f"{what}, {switch}={first}")
+    return kernels
+
+
 def _sees_sm90_kernels() -> bool:
     """Whether a test can check by name which wgmma kernels a call launched (not under compute-sanitizer)."""
     return runs_sm90_gemm() and profiler_records_kernels()
@@ -491,7 +510,8 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
-TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false)>")
+TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false), "
+                        r"(true|false)>")
 TMA_COPIES_SWITCH = "TORCH_WMMAE_TMA_COPIES"
 
 
@@ -562,14 +582,7 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
     a = _strided_matrix(gen, *a_layout, col_major=a_col)
     b = _strided_matrix(gen, *b_layout, col_major=b_col)
     a_before, b_before = a.clone(), b.clone()
-
-    call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
-    pool = lambda: poisoned_cuda_pool(float("nan"))
-    outs, kernels = _calls_by_switch(monkeypatch, TMA_COPIES_SWITCH, ("default", "0"), call, pool=pool)
-    torch.testing.assert_close(outs["default"], outs["0"], rtol=0, atol=0)
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    assert_matmul_within_dot_product_bound(outs["default"], a.expand(*batch, *a.shape[-2:]),
-                                           b.expand(*batch, *b.shape[-2:]), case)
+    kernels = _same_bits_by_switch(monkeypatch, TMA_COPIES_SWITCH, ("default", "0"), a, b, method, case)
     assert torch.equal(a, a_before) and torch.equal(b, b_before)
     if _sees_sm90_kernels():
         reads = lambda names: [bool(TMA_KERNEL.search(k) or TF32_TMA_KERNEL.search(k)) for k in names
@@ -579,6 +592,50 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
         ran = _own_kernels(kernels["default"])
         assert (len(ran) == 1) == (path == "folds"), ran
         assert any(PREPASS_KERNEL in k for k in ran) == (path != "folds"), ran
+
+
+STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
+# The wgmma fp16 GEMM's odd-width instantiation (kOddWidth: the last template argument), which stages its rows.
+ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, false, false, true>")
+# (a, b) as in TMA_CASES, the method, how A's row 5 is scaled (2^70: its tiles' shifts leave the flush's fast path,
+# whose unscaling factors must be normal floats), and whether the odd-width instantiation runs. The output's width is
+# odd in all but one, so that its rows are not 8-byte aligned; K up to 1001 is one chunk of the tiles' sums, 2100
+# several (the read-back instantiation instead). The tf32 method has no odd-width instantiation.
+STAGED_FLUSH_CASES = {
+    "edge_tiles": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", 1.0, True),
+    "whole_row_tiles": (((256, 72), 72, 0, False), ((72, 385), 385, 0, False), "fp16", 1.0, True),
+    "batched": (((3, 130, 64), 64, 0, False), ((3, 64, 257), 257, 0, False), "fp16", 1.0, True),
+    "a_col_auto": (((300, 200), 300, 0, True), ((200, 131), 131, 0, False), "auto", 1.0, True),
+    "b_col_k1001_auto": (((130, 1001), 1001, 0, False), ((1001, 133), 1004, 0, True), "auto", 1.0, True),
+    "both_col": (((300, 72), 300, 0, True), ((72, 131), 72, 0, True), "fp16", 1.0, True),
+    "tf32": (((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", 1.0, False),
+    "width_1": (((300, 72), 72, 0, False), ((72, 1), 1, 0, False), "fp16", 1.0, True),
+    "row_scaled_2e70": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", 2.0 ** 70, True),
+    "several_chunks": (((130, 2100), 2100, 0, False), ((2100, 133), 133, 0, False), "fp16", 1.0, False),
+    "even_width": (((130, 72), 72, 0, False), ((72, 134), 134, 0, False), "fp16", 1.0, False),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(STAGED_FLUSH_CASES))
+def test_corrected_matmul_staged_flush(gen, monkeypatch, case):
+    """Where the output's width is odd, the wgmma GEMM's odd-width instantiation stages its rows, which are not 8-byte
+    aligned, through shared memory (by default); TORCH_WMMAE_STAGED_FLUSH=0 runs the plain one, which stores them
+    element by element: the same bits, within the float32 bound, with every output written (the pool is
+    NaN-poisoned), on edge and whole tiles, batched, in every layout, with a width of 1, beside tiles whose shifts
+    leave the fast path; and the other instantiations where the method is tf32 or the sums come in several chunks."""
+    (*a_layout, a_col), (*b_layout, b_col), method, row_scale, odd_width_kernel = STAGED_FLUSH_CASES[case]
+    a = _strided_matrix(gen, *a_layout, col_major=a_col)
+    a[..., 5, :] *= row_scale
+    b = _strided_matrix(gen, *b_layout, col_major=b_col)
+    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")  # (the tile GEMMs, which odd widths would otherwise not reach)
+    kernels = _same_bits_by_switch(monkeypatch, STAGED_FLUSH_SWITCH, ("default", "0"), a, b, method, case)
+    if _sees_sm90_kernels():
+        ran, plain = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
+        assert any(GEMM_KERNEL.search(k) for k in ran) and not any(SMALL_GEMM_KERNEL in k for k in ran), ran
+        assert any(ODD_WIDTH_KERNEL.search(k) for k in ran) == odd_width_kernel, ran
+        assert not any(ODD_WIDTH_KERNEL.search(k) for k in plain), plain
 
 
 @requires_cuda
@@ -645,7 +702,7 @@ RESIDENT_CASES = {
     "split_k": (((2, 64, 8192), 8192, False), ((2, 8192, 64), 64, False), "normal", False),
 }
 RESIDENT_PREPASS_KERNEL = "resident_prepass_kernel"
-BESIDE_PREPASS_GEMM = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, false, true>")
+BESIDE_PREPASS_GEMM = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, false, true, false>")
 
 
 @requires_cuda
@@ -1653,12 +1710,7 @@ def test_small_gemm_where_the_tile_gemms_read_no_copies(gen, monkeypatch, switch
     monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)
     a = _strided_matrix(gen, (512, a_line), a_line, 0, col_major=False)
     b = random_tensor(gen, (a.shape[1], 512), "normal", "cuda")
-
-    call = lambda: torch_wmmae.corrected_matmul(a, b, method="fp16")
-    pool = lambda: poisoned_cuda_pool(float("nan"))
-    outs, kernels = _calls_by_switch(monkeypatch, switch, ("0", "1"), call, pool=pool)
-    assert_matmul_within_dot_product_bound(outs["0"], a, b, f"{switch}=0")
-    torch.testing.assert_close(outs["0"], outs["1"], rtol=0, atol=0)
+    kernels = _same_bits_by_switch(monkeypatch, switch, ("0", "1"), a, b, "fp16", f"A's lines of {a_line}")
     if profiler_records_kernels():
         ran = _own_kernels(kernels["0"])
         assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], ran

@@ -733,6 +733,21 @@ bool sm90_read_back(const GemmArgs& args) {
          !env_is("TORCH_WMMAE_READ_BACK", "0");
 }
 
+// Whether the wgmma fp16 kernel with TMA stages (neither the read-back one nor the one beside the resident pre-pass)
+// is its odd-width instantiation (kOddWidth), whose flush stages the output's rows, which are not 8-byte aligned,
+// through shared memory, so that a warp stores 32 consecutive floats of a row at a time: wherever N is odd. Element
+// by element, each store used 9 of each 32-byte sector's bytes. H200, session 99, same build, us per call back to
+// back, auto, TORCH_WMMAE_SMALL_GEMM=0, element by element -> staged (torch fp32): 4097^2 x 64 136.9 -> 79.5 (73.2),
+// 8193^2 x 64 469 -> 292 (265), 4097^2 x 128 157.7 -> 102.2 (121.0), 4097^2 x 1000 390 -> 334 (790), 2049^2 x 256
+// 74.9 -> 53.8 (64.5), 2049^2 x 64 43.1 -> 26.8 (23.0), 8 x 1025^2 x 64 76.7 -> 45.1 (44.3); split-K calls (128 x
+// 4097 x 4096) keep the element stores and their time. Its own instantiation, so that the others' code stays as it
+// was: with the staging in every instantiation (a branch at run time), aligned shapes were 1-4% slower (H200, five
+// alternating rounds: 2048^3 144.6 -> 149.8 us, 64 x 512^3 166.0 -> 169.3, 128 x 8192 x 4096 110.4 -> 111.5).
+// TORCH_WMMAE_STAGED_FLUSH=0 runs the plain instantiation (the same bits).
+bool staged_flush_applies(const GemmArgs& args) {
+  return args.n % 2 != 0 && !env_is("TORCH_WMMAE_STAGED_FLUSH", "0");
+}
+
 // Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): the fp16 GEMM's batched calls where TMA
 // reads both operands, without split-K, stream-K or the chunk read-back, with overlapped launches. Per call against the
 // grid pre-pass (H200, same build, the four-warp pre-pass): 64 x 512^3 about 205 -> 189 us, 32 x 256 x 1024 x
@@ -840,7 +855,7 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     if constexpr (kTma) {
       if (launch.persistent_batch_slots > 0) fp16_launch.grid.z = launch.persistent_batch_slots;
       if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
-        constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true>;
+        constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true, false>;
         prefer_max_shared_carveout<kernel>();
         launch_with_smem<kernel>(Cfg::kSmemBytes, fp16_launch, args, maps);
         return;
@@ -859,12 +874,19 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const bool staggered = 2 * blocks >= launch.sm_count && stages >= 12 * blocks;
     fp16_args.start_stagger_blocks = staggered ? launch.sm_count : 0;
     if (sm90_read_back(args)) {
-      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false>>(
+      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false, false>>(
           Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
-    } else {
-      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false>>(
-          Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
+      return;
     }
+    if constexpr (kTma) {
+      if (staged_flush_applies(args)) {
+        launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, false, true>>(
+            Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
+        return;
+      }
+    }
+    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false, false>>(
+        Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
   }
 }
 #endif
