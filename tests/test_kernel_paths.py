@@ -1436,8 +1436,8 @@ def _tile_gemms_unless_asked(monkeypatch):
 # takes the small GEMM (small_gemm_applies: an entry's output at most 64 x 64, or the call's at most 256^2 elements
 # with M, N <= 256, or "no_tma": where the wgmma GEMM runs, could not read an operand by TMA in place, and would not
 # read a copy (two batch dimensions) or the output's width is odd or M or N is at most 32, the call's output at most
-# 2^20 elements, and beyond that where M or N is at most 32 or N is odd with K <= 64; else only
-# TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
+# 2^20 elements, and beyond that where M or N is at most 32 or N is odd with K <= 64 (and N <= 64 where the tile GEMMs
+# read copies, whose flush stages an odd width); else only TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are
 # 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K along each operand's rows and columns, and
 # K at and past the ends of each tile's K buckets (_small_gemm_k_bucket: 32 (not tile 64), 64, 128); each case also
 # runs with every tile forced (TORCH_WMMAE_SMALL_TILE), so that tile 64, which the default takes only for grids of
@@ -1474,8 +1474,10 @@ SMALL_GEMM_CASES = {
     "k63_a_lines_unaligned_32x4096": (((32, 63), 63, 0, False), ((63, 4096), 4096, 0, False), "no_tma"),
     "k63_a_lines_unaligned_64x4096": (((64, 63), 63, 0, False), ((63, 4096), 4096, 0, False), False),
     "k99_a_lines_unaligned_1025x1024": (((1025, 99), 99, 0, False), ((99, 1024), 1024, 0, False), False),
-    # beyond 2^20 outputs: an odd N with K <= 64 (taken; not with K = 65) and M or N at most 32 (taken)
-    "k64_b_lines_odd_1025x1025": (((1025, 64), 64, 0, False), ((64, 1025), 1025, 0, False), "no_tma"),
+    # beyond 2^20 outputs: an odd N of at most 64 with K <= 64 (taken; not with N = 1025, whose rows the tile GEMMs
+    # stage, nor K = 65) and M or N at most 32 (taken)
+    "k64_b_lines_odd_16700x63": (((16700, 64), 64, 0, False), ((64, 63), 63, 0, False), "no_tma"),
+    "k64_b_lines_odd_1025x1025": (((1025, 64), 64, 0, False), ((64, 1025), 1025, 0, False), False),
     "k65_b_lines_odd_1025x1025": (((1025, 65), 68, 0, False), ((65, 1025), 1025, 0, False), False),
     "k31_a_lines_unaligned_40000x32": (((40000, 31), 31, 0, False), ((31, 32), 32, 0, False), "no_tma"),
     "k32_tile16_both_col": (((3, 16, 32), 16, 0, True), ((3, 32, 16), 32, 0, True), True),

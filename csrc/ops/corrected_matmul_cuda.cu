@@ -993,7 +993,12 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // session 96, against cp.async, which an odd N's copies barely change: 2049^2 x 64 57.0 -> 31.9, 4097^2 x 32 135.8 ->
 // 81.9, 16 x 513^2 x 64 67.0 -> 34.7, 1024 x 65^2 x 64 142.1 -> 90.3; session 98, this rule against
 // TORCH_WMMAE_SMALL_GEMM=0: 4097^2 x 64 138.9 -> 109.2, 4097^2 x 32 130.2 -> 82.4, 1048576 x 8 x 64 751 -> 440, 40000 x
-// 32 x 31 23.5 -> 15.3, 32 x 262144 x 63 114 -> 104).
+// 32 x 31 23.5 -> 15.3, 32 x 262144 x 63 114 -> 104). Since session 99 the tile GEMMs that read copies stage an odd
+// width (staged_flush_applies), and the small GEMM keeps, of the odd widths beyond the bound, those of at most
+// kSmallStagedOddWidthMaxN (H200, session 99, us per call back to back, auto, small GEMM / staged tile GEMMs (torch
+// fp32): 65536 x 33 x 64 28.6 / 40.6 (21.0); but 32768 x 65 x 64 27.6 / 24.1 (20.5), 65536 x 65 x 64 51.2 / 39.8,
+// 16384 x 129 x 64 24.7 / 21.8, 32768 x 257 x 64 64.2 / 52.9, 4097^2 x 64 109.2 / 79.5, 8193^2 x 64 408 / 291; close
+// or lost: 8192 x 257 x 64 18.7 / 19.7, 1025^2 x 32 9.8 / 10.2, 8192 x 257 x 16 11.3 / 16.6).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
@@ -1001,6 +1006,7 @@ constexpr std::int64_t kSmallCallExtent = 256;
 constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
 constexpr std::int64_t kSmallNarrowExtent = 32;
 constexpr std::int64_t kSmallOddWidthMaxK = 64;
+constexpr std::int64_t kSmallStagedOddWidthMaxN = 64;
 template <class TmaReads>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
@@ -1012,9 +1018,12 @@ bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaRe
   // (tma_reads() asked last: it encodes the maps)
   if (!kernels.sm90) return false;
   const bool odd_width = args.n % 2 != 0, narrow = std::min(args.m, args.n) <= kSmallNarrowExtent;
-  const bool small_wins = outputs <= kSmallUnreadCallOutputs
-                              ? odd_width || narrow || !tma_copies_apply(args, kernels)
-                              : narrow || (odd_width && args.k <= kSmallOddWidthMaxK);
+  // (Where the tile GEMMs read copies by TMA, their flush stages an odd width: staged_flush_applies.)
+  const bool staged = tma_copies_apply(args, kernels) && staged_flush_applies(args);
+  const bool small_wins =
+      outputs <= kSmallUnreadCallOutputs
+          ? odd_width || narrow || !tma_copies_apply(args, kernels)
+          : narrow || (odd_width && args.k <= kSmallOddWidthMaxK && (!staged || args.n <= kSmallStagedOddWidthMaxN));
   return small_wins && !tma_reads();
 }
 
