@@ -556,9 +556,10 @@ GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel<")
 
 # Operands that TMA cannot read in place, which the tile GEMMs read from copies that it can (tma_readable_copy):
 # (a, b) as (shape, line stride, storage offset, column-major), the method, and the product's GEMM: "folds" (K <=
-# 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (a batch
-# of two dimensions: no copies). Odd K and N (lines of 33, 133 and 1001 floats), storage offsets, column-major
-# operands, a batch with an operand broadcast (copied once), and the tf32 method.
+# 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (no
+# copies: a batch of two dimensions, or an operand of at least 8 MiB that one line of output tiles reads,
+# tma_copies_pay). Odd K and N (lines of 33, 133, 301, 1001 and 8193 floats), storage offsets, column-major operands,
+# a batch with an operand broadcast (copied once), and the tf32 method.
 TMA_COPY_CASES = {
     "b_lines_odd": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", "folds"),
     "a_lines_odd_k33": (((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", "folds"),
@@ -568,6 +569,9 @@ TMA_COPY_CASES = {
     "both_odd_k1001": (((130, 1001), 1001, 0, False), ((1001, 133), 133, 0, False), "auto", "prepass"),
     "tf32_b_odd": (((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", "prepass"),
     "two_batch_dims_odd": (((2, 1, 130, 72), 72, 0, False), ((3, 72, 133), 133, 0, False), "fp16", "cp_async"),
+    "b_9mb_read_once": (((128, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "cp_async"),
+    "b_9mb_read_twice": (((129, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
+    "a_9mb_read_once": (((8193, 301), 301, 0, False), ((301, 128), 128, 0, False), "auto", "cp_async"),
 }
 
 
@@ -575,9 +579,10 @@ TMA_COPY_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(TMA_COPY_CASES))
 def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
-    """Where TMA cannot read an operand in place, the tile GEMMs read a copy that it can (by default; the same
-    bits as with TORCH_WMMAE_TMA_COPIES=0, which copies the stages with cp.async), with TMA stages, and where K
-    allows, folding the tiles' line ranges from them in one GEMM kernel; the inputs are left as they were."""
+    """Where TMA cannot read an operand in place, the tile GEMMs read a copy that it can (by default, unless that
+    operand is large and read once; the same bits as with TORCH_WMMAE_TMA_COPIES=0, which copies the stages with
+    cp.async), with TMA stages, and where K allows, folding the tiles' line ranges from them in one GEMM kernel; the
+    inputs are left as they were."""
     (*a_layout, a_col), (*b_layout, b_col), method, path = TMA_COPY_CASES[case]
     a = _strided_matrix(gen, *a_layout, col_major=a_col)
     b = _strided_matrix(gen, *b_layout, col_major=b_col)

@@ -657,6 +657,23 @@ struct TmaReadable {
   bool a, b;
 };
 
+// Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
+// where such an operand is at least kCopiedOnceMinBytes and one line of output tiles reads it (B where M <= 128, A
+// where N <= 128). The GEMM then reads it once either way, and the copy's extra read and write cost more than the TMA
+// stages save. H200, session 99, same build, us per call back to back, auto, TORCH_WMMAE_SMALL_GEMM=0, copies /
+// cp.async (TORCH_WMMAE_TMA_COPIES=0) (torch fp32), B of odd width read once: 128 x 4097 x 4096 139.9 / 106.7
+// (110.0), 128 x 4097 x 1024 54.9 / 43.5 (37.9), 128 x 16385 x 4096 480 / 395 (375); A of odd K read once: 4096 x
+// 128 x 4097 117.1 / 94.2 (99.7); but a small B read once, 128 x 4097 x 256 (4 MB), 26.1 / 37.7. Read twice it is
+// mixed: 256 x 4097 x 4096 181.7 / 174.4, 256 x 4097 x 1024 64.2 / 56.7, 4096 x 256 x 4097 148.8 / 153.8, 256 x
+// 8193 x 8192 626 / 656; from three times the copies win: 384 x 4097 x 4096 224 / 245, 512 x 4097 x 1024 62.2 / 81.7.
+constexpr std::int64_t kCopiedOnceMinBytes = std::int64_t{8} << 20;
+bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable) {
+  const std::int64_t floats_a = args.num_batches * args.m * args.k, floats_b = args.num_batches * args.k * args.n;
+  const bool a_read_once = !readable.a && args.n <= kGemmTile && 4 * floats_a >= kCopiedOnceMinBytes;
+  const bool b_read_once = !readable.b && args.m <= kGemmTile && 4 * floats_b >= kCopiedOnceMinBytes;
+  return !a_read_once && !b_read_once;
+}
+
 // Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps.
 template <bool kARowMajor, bool kBRowMajor>
 TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
@@ -1007,23 +1024,25 @@ constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
 constexpr std::int64_t kSmallNarrowExtent = 32;
 constexpr std::int64_t kSmallOddWidthMaxK = 64;
 constexpr std::int64_t kSmallStagedOddWidthMaxN = 64;
-template <class TmaReads>
-bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads) {
+template <class TmaReads, class CopiesPay>
+bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads,
+                        CopiesPay&& copies_pay) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
   const std::int64_t outputs = args.num_batches * args.m * args.n;
   if (env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
       (args.m <= kSmallCallExtent && args.n <= kSmallCallExtent && outputs <= kSmallCallOutputs)) {
     return true;
   }
-  // (tma_reads() asked last: it encodes the maps)
+  // (tma_reads() and copies_pay() asked last: they encode the maps, which the tile GEMMs would then use)
   if (!kernels.sm90) return false;
   const bool odd_width = args.n % 2 != 0, narrow = std::min(args.m, args.n) <= kSmallNarrowExtent;
-  // (Where the tile GEMMs read copies by TMA, their flush stages an odd width: staged_flush_applies.)
-  const bool staged = tma_copies_apply(args, kernels) && staged_flush_applies(args);
+  // Whether the tile GEMMs would read copies by TMA (and so stage an odd width: staged_flush_applies).
+  const auto read_copies = [&] { return tma_copies_apply(args, kernels) && copies_pay(); };
   const bool small_wins =
       outputs <= kSmallUnreadCallOutputs
-          ? odd_width || narrow || !tma_copies_apply(args, kernels)
-          : narrow || (odd_width && args.k <= kSmallOddWidthMaxK && (!staged || args.n <= kSmallStagedOddWidthMaxN));
+          ? odd_width || narrow || !read_copies()
+          : narrow || (odd_width && args.k <= kSmallOddWidthMaxK &&
+                       (args.n <= kSmallStagedOddWidthMaxN || !(staged_flush_applies(args) && read_copies())));
   return small_wins && !tma_reads();
 }
 
@@ -1257,12 +1276,21 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     return false;
 #endif
   };
-  if (small_gemm_applies(args, kernels, tma_reads)) {  // one kernel: no workspace, no pre-pass
+  // Whether the copies of the operands that TMA cannot read in place pay (tma_copies_pay).
+  const auto copies_pay = [&] {
+#ifdef WMMAE_HAS_SM90A
+    tma_reads();
+    return tma_copies_pay(args, *tma_readable);
+#else
+    return false;
+#endif
+  };
+  if (small_gemm_applies(args, kernels, tma_reads, copies_pay)) {  // one kernel: no workspace, no pre-pass
     launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
     return out;
   }
 #ifdef WMMAE_HAS_SM90A
-  if (tma_copies_apply(args, kernels) && !tma_reads()) {
+  if (tma_copies_apply(args, kernels) && !tma_reads() && copies_pay()) {
     if (!tma_readable->a) a = tma_readable_copy(a, a_row);
     if (!tma_readable->b) b = tma_readable_copy(b, b_row);
     replan_if_copied();
