@@ -1,0 +1,101 @@
+"""corrected_matmul on unaligned operands and odd output widths, by path, against torch.matmul fp32.
+
+TMA reads an operand in place only where its start and line strides are multiples of 16 bytes; an odd K or N, or a
+storage offset, breaks that. corrected_matmul then chooses between the small GEMM, the tile GEMMs reading copies
+that TMA can read, and (for an odd N, whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width
+instantiation, which stages its output rows through shared memory (README, Performance). Each row times the default
+and the paths that its environment switches force, in one process (the switches are read at every call), rounds
+rotated; each time is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead).
+Inputs are U(-1, 1) and rotate as in the main benchmark (common.inputs_for_rotation). Writes
+benchmarks/results/unaligned.json and .md (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+
+import torch_wmmae
+from common import header, inputs_for_rotation, loop_ms, write_results
+
+# (batch, m, n, k, A's storage offset in floats): odd N at K <= 128 (the flush's share of the time is largest) and
+# beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd K (A's lines unaligned) and an odd
+# K and N; A one float past 16 bytes; split-K with an odd N (which keeps the element stores); an aligned control.
+SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
+          (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
+          (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
+          (1, 1024, 1024, 99, 0), (1, 2048, 2048, 50, 0), (1, 4096, 4096, 33, 0), (1, 4096, 4096, 64, 1),
+          (1, 128, 4097, 4096, 0), (1, 4096, 4096, 64, 0)]
+# The paths: the default, the tile GEMMs (never the small GEMM) with their odd-width staging and with element-by-element
+# stores, and the tile GEMMs without the copies (cp.async stages).
+SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_TMA_COPIES")
+VARIANTS = {
+    "default_us": {},
+    "tile_staged_us": {"TORCH_WMMAE_SMALL_GEMM": "0"},
+    "tile_element_stores_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_STAGED_FLUSH": "0"},
+    "tile_cp_async_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_TMA_COPIES": "0"},
+}
+COLUMNS = ["batch", "m", "n", "k", "a_offset", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
+
+
+def operand(shape, offset: int, gen: torch.Generator) -> torch.Tensor:
+    """U(-1, 1) values of `shape`, contiguous, starting `offset` floats into their storage."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    storage = torch.rand(numel + offset, device="cuda", generator=gen) * 2 - 1
+    return storage[offset:].view(shape)
+
+
+def set_path(env: dict) -> None:
+    for name in SWITCHES:
+        os.environ.pop(name, None)
+    os.environ.update(env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    parser.add_argument("--method", default="auto", choices=["auto", "fp16"])
+    parser.add_argument("--rounds", type=int, default=3, help="rotated rounds of the paths per shape (median)")
+    args = parser.parse_args()
+    if any(name in os.environ for name in SWITCHES):
+        parser.error(f"unset {', '.join(SWITCHES)}: this benchmark sets them per path")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    try:
+        for batch, m, n, k, offset in SHAPES:
+            gen = torch.Generator(device="cuda").manual_seed(4321 + m + n + k + offset)
+            sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2)
+            pre = (batch,) if batch > 1 else ()
+            a = [operand(pre + (m, k), offset, gen) for _ in range(sets)]
+            b = [operand(pre + (k, n), 0, gen) for _ in range(sets)]
+            calls = 40 if batch * m * n * k < 2**32 else 8
+            times = {name: [] for name in [*VARIANTS, "fp32_us"]}
+            names = list(times)
+            for rnd in range(args.rounds):
+                for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                    if name == "fp32_us":
+                        set_path({})
+                        fn = lambda i: torch.matmul(a[i], b[i])
+                    else:
+                        set_path(VARIANTS[name])
+                        fn = lambda i: torch_wmmae.corrected_matmul(a[i], b[i], method=args.method)
+                    times[name].append(1000 * loop_ms(fn, sets, calls))
+            row = dict(batch=batch, m=m, n=n, k=k, a_offset=offset, method=args.method,
+                       **{name: statistics.median(t) for name, t in times.items()})
+            row["default_speedup_vs_fp32"] = row["fp32_us"] / row["default_us"]
+            rows.append(row)
+            print(f"{batch}x{m}x{n}x{k} A+{offset}: " + "  ".join(f"{c} {row[c]:.1f}" for c in [*VARIANTS, "fp32_us"]),
+                  flush=True)
+    finally:
+        set_path({})
+    write_results("unaligned", {**header(), "method": args.method, "rounds": args.rounds, "rows": rows}, COLUMNS,
+                  args.out, "corrected_matmul on unaligned operands and odd widths, by path, vs torch.matmul fp32")
+
+
+if __name__ == "__main__":
+    main()
