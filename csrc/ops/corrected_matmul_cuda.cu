@@ -972,8 +972,9 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // auto, cp.async (TORCH_WMMAE_TMA_COPIES=0) -> copies: 4097^3 2599 -> 1318 (torch fp32 3139), 2049^3 387 -> 236,
 // 4096^2 x 33 76.8 -> 61.3, 4096^2 x 64 with A one float past 16 bytes 75.0 -> 58.0, 2049^2 x 256 93.0 -> 75.4,
 // 1448^2 x 99 29.9 -> 22.1, 8 x 1025^2 x 64 92.4 -> 77.1; aligned shapes unchanged (4096^2 x 64 54.4 / 54.5). An
-// odd N gains less (4097^2 x 64 148 -> 137, torch 73): there the GEMM's time goes to the output's odd width, which
-// a copy of B does not change. A batch of more than one dimension keeps cp.async (TMA reads one).
+// odd N gained less (4097^2 x 64 148 -> 137, torch 73): there the GEMM's time went to the output's odd width, which
+// a copy of B does not change (session 99 stages it: staged_flush_applies). A batch of more than one dimension keeps
+// cp.async (TMA reads one), and so does a large operand that one line of output tiles reads (tma_copies_pay).
 // TORCH_WMMAE_TMA_COPIES=0 turns the copies off (the outputs are the same bits).
 bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
   return kernels.sm90_tma && args.batch.ndim <= 1 && !env_is("TORCH_WMMAE_TMA_COPIES", "0");
