@@ -2,10 +2,10 @@
 //
 // 0. Small products (fp16 and auto, K <= 128, and each batch entry's output at most 64x64, or the call's at most
 //    256^2 elements, or, where TMA could not read an operand in place, at most 2^20 where the tile GEMMs would
-//    stay slow on a copy of it, and beyond that with M or N at most 32 or an odd N with K <= 64:
-//    small_gemm_applies) are one kernel, the small GEMM of corrected_gemm_small.cuh, which does all of what
-//    follows for its tiles (64x64, 32x32 or 16x16) itself (auto's tiles that are not fp16-safe with float32 FMAs).
-//    The rest is the tile GEMMs'.
+//    stay slow on a copy of it, and beyond that with M or N at most 32 or an odd N with K <= 64 (N <= 64 where the
+//    tile GEMMs read copies, whose flush stages an odd width): small_gemm_applies) are one kernel, the small GEMM
+//    of corrected_gemm_small.cuh, which does all of what follows for its tiles (64x64, 32x32 or 16x16) itself
+//    (auto's tiles that are not fp16-safe with float32 FMAs). The rest is the tile GEMMs'.
 // 1. (fp16 and auto) A pre-pass finds, for every row of A and column of B, the exponent range of its
 //    elements (atomics into a small workspace: 3 ints per row/column, no copy of A or B), and zeroes the
 //    output when K is split; one launch for all of it, which on sm_90 overlaps the small kernel before it
