@@ -12,6 +12,7 @@ benchmarks/results/unaligned.json and .md (or --out).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 
@@ -42,10 +43,7 @@ COLUMNS = ["batch", "m", "n", "k", "a_offset", "method", *VARIANTS, "fp32_us", "
 
 def operand(shape, offset: int, gen: torch.Generator) -> torch.Tensor:
     """U(-1, 1) values of `shape`, contiguous, starting `offset` floats into their storage."""
-    numel = 1
-    for size in shape:
-        numel *= size
-    storage = torch.rand(numel + offset, device="cuda", generator=gen) * 2 - 1
+    storage = torch.rand(math.prod(shape) + offset, device="cuda", generator=gen) * 2 - 1
     return storage[offset:].view(shape)
 
 
