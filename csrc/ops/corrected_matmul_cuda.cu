@@ -1025,25 +1025,25 @@ constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
 constexpr std::int64_t kSmallNarrowExtent = 32;
 constexpr std::int64_t kSmallOddWidthMaxK = 64;
 constexpr std::int64_t kSmallStagedOddWidthMaxN = 64;
-template <class TmaReads, class CopiesPay>
+template <class TmaReads, class ReadsCopies>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads,
-                        CopiesPay&& copies_pay) {
+                        ReadsCopies&& tile_gemms_read_copies) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
   const std::int64_t outputs = args.num_batches * args.m * args.n;
   if (env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
       (args.m <= kSmallCallExtent && args.n <= kSmallCallExtent && outputs <= kSmallCallOutputs)) {
     return true;
   }
-  // (tma_reads() and copies_pay() asked last: they encode the maps, which the tile GEMMs would then use)
+  // (tma_reads() and tile_gemms_read_copies() asked last: they encode the maps, which the tile GEMMs would then
+  // use. Reading copies by TMA, the tile GEMMs stage an odd width: staged_flush_applies.)
   if (!kernels.sm90) return false;
   const bool odd_width = args.n % 2 != 0, narrow = std::min(args.m, args.n) <= kSmallNarrowExtent;
-  // Whether the tile GEMMs would read copies by TMA (and so stage an odd width: staged_flush_applies).
-  const auto read_copies = [&] { return tma_copies_apply(args, kernels) && copies_pay(); };
   const bool small_wins =
       outputs <= kSmallUnreadCallOutputs
-          ? odd_width || narrow || !read_copies()
+          ? odd_width || narrow || !tile_gemms_read_copies()
           : narrow || (odd_width && args.k <= kSmallOddWidthMaxK &&
-                       (args.n <= kSmallStagedOddWidthMaxN || !(staged_flush_applies(args) && read_copies())));
+                       (args.n <= kSmallStagedOddWidthMaxN ||
+                        !(staged_flush_applies(args) && tile_gemms_read_copies())));
   return small_wins && !tma_reads();
 }
 
@@ -1277,21 +1277,24 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     return false;
 #endif
   };
-  // Whether the copies of the operands that TMA cannot read in place pay (tma_copies_pay).
-  const auto copies_pay = [&] {
+  // Whether the tile GEMMs read copies of the operands that TMA cannot read in place (tma_copies_apply and
+  // tma_copies_pay): one answer for the small GEMM's rule and the copies below. (It matters only where TMA cannot
+  // read an operand in place.)
+  const auto tile_gemms_read_copies = [&] {
 #ifdef WMMAE_HAS_SM90A
+    if (!tma_copies_apply(args, kernels)) return false;
     tma_reads();
     return tma_copies_pay(args, *tma_readable);
 #else
     return false;
 #endif
   };
-  if (small_gemm_applies(args, kernels, tma_reads, copies_pay)) {  // one kernel: no workspace, no pre-pass
+  if (small_gemm_applies(args, kernels, tma_reads, tile_gemms_read_copies)) {  // one kernel: no workspace, no pre-pass
     launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
     return out;
   }
 #ifdef WMMAE_HAS_SM90A
-  if (tma_copies_apply(args, kernels) && !tma_reads() && copies_pay()) {
+  if (!tma_reads() && tile_gemms_read_copies()) {
     if (!tma_readable->a) a = tma_readable_copy(a, a_row);
     if (!tma_readable->b) b = tma_readable_copy(b, b_row);
     replan_if_copied();
