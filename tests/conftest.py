@@ -317,9 +317,10 @@ def runs_sm90_gemm(device="cuda") -> bool:
         torch.empty(0, device=device))
 
 
-# The wgmma fp16 kernel's instantiations that read a chunk's partial sums back in one batch (kReadBack).
+# The wgmma fp16 kernel's instantiations that read a chunk's partial sums back in one batch (kReadBack), for even
+# output widths or odd ones (kOddWidth, which stages them).
 READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false, "
-                              r"false>")
+                              r"(true|false)>")
 
 # The small GEMM's kernels (corrected_gemm_small.cuh), their template arguments: tile, K bucket, A row-major,
 # B row-major, hi*hi sums per fragment.

@@ -19,6 +19,7 @@ import contextlib
 import math
 import os
 import re
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -343,22 +344,26 @@ def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: b
     return outs, kernels
 
 
-def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, what: str) -> dict:
+def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, what: str,
+                         deterministic_mode: bool = True, exact: bool = True) -> dict:
     """corrected_matmul(a, b, method) at each of the switch's `values` (as _calls_by_switch, each call inside a fresh
-    NaN-poisoned pool, so that an output left unwritten shows): the same bits at each value, within the float32 dot
-    product bound at the first. The names of the kernels each call launched, by value."""
+    NaN-poisoned pool, so that an output left unwritten shows), under deterministic(deterministic_mode): the same bits
+    at each value where `exact` (False where more than two atomics add into an output, in any order), and within the
+    float32 dot product bound. The names of the kernels each call launched, by value."""
     call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
     # (Operand copies may exceed the pool's small blocks. Under compute-sanitizer, where the pool would skip, the
     # tool watches the accesses instead.)
     pool = (lambda: poisoned_cuda_pool(float("nan"), large=True)) if cuda_caching_allocator_on() \
         else contextlib.nullcontext
-    outs, kernels = _calls_by_switch(monkeypatch, switch, values, call, pool=pool)
+    outs, kernels = _calls_by_switch(monkeypatch, switch, values, call, deterministic_mode, pool=pool)
     first, *others = values
     for value in others:
-        torch.testing.assert_close(outs[value], outs[first], rtol=0, atol=0, msg=f"{what}: {switch}={value}")
+        if exact:
+            torch.testing.assert_close(outs[value], outs[first], rtol=0, atol=0, msg=f"{what}: {switch}={value}")
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    assert_matmul_within_dot_product_bound(outs[first], a.expand(*batch, *a.shape[-2:]),
-                                           b.expand(*batch, *b.shape[-2:]), f"{what}, {switch}={first}")
+    for value in values if not exact else (first,):
+        assert_matmul_within_dot_product_bound(outs[value], a.expand(*batch, *a.shape[-2:]),
+                                               b.expand(*batch, *b.shape[-2:]), f"{what}, {switch}={value}")
     return kernels
 
 
@@ -600,24 +605,68 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
 
 
 STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
-# The wgmma fp16 GEMM's odd-width instantiation (kOddWidth: the last template argument), which stages its rows.
-ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, false, false, true>")
-# (a, b) as in TMA_CASES, the method, how A's row 5 is scaled (2^70: its tiles' shifts leave the flush's fast path,
-# whose unscaling factors must be normal floats), and whether the odd-width instantiation runs. The output's width is
-# odd in all but one, so that its rows are not 8-byte aligned; K up to 1001 is one chunk of the tiles' sums, 2100
-# several (the read-back instantiation instead). The tf32 method has no odd-width instantiation.
+# The wgmma fp16 GEMM's odd-width instantiations (kOddWidth: the last template argument; kReadBack, the one before
+# the resident pre-pass's, plain or reading back), which stage their rows.
+ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "
+                              r"true>")
+ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, true, false, "
+                                        r"true>")
+
+
+class StagedFlushCase(NamedTuple):
+    a: tuple  # as in TMA_CASES: (shape, row stride, storage offset, column-major)
+    b: tuple
+    method: str
+    odd_width_kernel: bool  # whether an odd-width instantiation runs
+    read_back: bool = False  # whether a read-back instantiation runs (several chunks of K, no atomics)
+    row_scale: float = 1.0  # A's row 5 times this (2^70: its tiles' shifts leave the flush's fast path)
+    env: dict = {}  # further switches (never mutated)
+    deterministic: bool = True  # deterministic mode: no split-K or stream-K, whose atomics add into the output
+    atomics_in_any_order: bool = False  # (not deterministic) more than two add into an output: bits may differ
+
+
+# The output's width is odd in all but one, so that its rows are not 8-byte aligned. Outputs below 2^22 elements sum
+# K in chunks of 1024 (32 stages), larger ones in chunks of 4096: one chunk up to there; several make a read-back
+# instantiation run (K = 2100: 32 + 32 + 2 stages, the odd-width one; 4100: 128 + 1, the plain one, which chunks of
+# 4096 keep: staged_flush_applies), or with TORCH_WMMAE_READ_BACK=0 the plain odd-width one read back element by
+# element. Outside deterministic mode split-K adds each split's chunks into the output by atomics, and stream-K each
+# share's (shares of about 62 stages: across a chunk boundary, where the flush waits at a block barrier before it
+# stages: the other warpgroup's products may still read the buffer). The tf32 method has no odd-width instantiation.
 STAGED_FLUSH_CASES = {
-    "edge_tiles": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", 1.0, True),
-    "whole_row_tiles": (((256, 72), 72, 0, False), ((72, 385), 385, 0, False), "fp16", 1.0, True),
-    "batched": (((3, 130, 64), 64, 0, False), ((3, 64, 257), 257, 0, False), "fp16", 1.0, True),
-    "a_col_auto": (((300, 200), 300, 0, True), ((200, 131), 131, 0, False), "auto", 1.0, True),
-    "b_col_k1001_auto": (((130, 1001), 1001, 0, False), ((1001, 133), 1004, 0, True), "auto", 1.0, True),
-    "both_col": (((300, 72), 300, 0, True), ((72, 131), 72, 0, True), "fp16", 1.0, True),
-    "tf32": (((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", 1.0, False),
-    "width_1": (((300, 72), 72, 0, False), ((72, 1), 1, 0, False), "fp16", 1.0, True),
-    "row_scaled_2e70": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", 2.0 ** 70, True),
-    "several_chunks": (((130, 2100), 2100, 0, False), ((2100, 133), 133, 0, False), "fp16", 1.0, False),
-    "even_width": (((130, 72), 72, 0, False), ((72, 134), 134, 0, False), "fp16", 1.0, False),
+    "edge_tiles": StagedFlushCase(((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", True),
+    "whole_row_tiles": StagedFlushCase(((256, 72), 72, 0, False), ((72, 385), 385, 0, False), "fp16", True),
+    "batched": StagedFlushCase(((3, 130, 64), 64, 0, False), ((3, 64, 257), 257, 0, False), "fp16", True),
+    "a_col_auto": StagedFlushCase(((300, 200), 300, 0, True), ((200, 131), 131, 0, False), "auto", True),
+    "b_col_k1001_auto": StagedFlushCase(((130, 1001), 1001, 0, False), ((1001, 133), 1004, 0, True), "auto", True),
+    "both_col": StagedFlushCase(((300, 72), 300, 0, True), ((72, 131), 72, 0, True), "fp16", True),
+    "tf32": StagedFlushCase(((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", False),
+    "width_1": StagedFlushCase(((300, 72), 72, 0, False), ((72, 1), 1, 0, False), "fp16", True),
+    "row_scaled_2e70": StagedFlushCase(((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", True,
+                                       row_scale=2.0 ** 70),
+    "even_width": StagedFlushCase(((130, 72), 72, 0, False), ((72, 134), 134, 0, False), "fp16", False),
+    # several chunks, read back
+    "chunks_of_1024": StagedFlushCase(((130, 2100), 2100, 0, False), ((2100, 133), 133, 0, False), "fp16", True,
+                                      read_back=True),
+    "chunks_of_1024_b_col_auto": StagedFlushCase(((300, 2100), 2100, 0, False), ((2100, 131), 2100, 0, True), "auto",
+                                                 True, read_back=True),
+    "chunks_batched_row_scaled": StagedFlushCase(((2, 130, 1100), 1100, 0, False), ((2, 1100, 131), 131, 0, False),
+                                                 "fp16", True, read_back=True, row_scale=2.0 ** 70),
+    # (B column-major, so that TMA reads both in place: the 16 MiB output and no copy fit the pool's large segment)
+    "chunks_of_4096_tail_of_one_stage": StagedFlushCase(((2049, 4100), 4100, 0, False), ((4100, 2049), 4100, 0, True),
+                                                        "fp16", False, read_back=True),
+    "chunks_without_read_back": StagedFlushCase(((130, 2100), 2100, 0, False), ((2100, 133), 133, 0, False), "fp16",
+                                                True, env={"TORCH_WMMAE_READ_BACK": "0"}),
+    "chunks_tf32": StagedFlushCase(((130, 2100), 2100, 0, False), ((2100, 133), 133, 0, False), "tf32", False),
+    # atomics
+    "split_k_two_splits": StagedFlushCase(((256, 512), 512, 0, False), ((512, 1025), 1025, 0, False), "fp16", True,
+                                          deterministic=False),
+    "split_k": StagedFlushCase(((130, 4100), 4100, 0, False), ((4100, 133), 133, 0, False), "fp16", True,
+                               deterministic=False, atomics_in_any_order=True),
+    "split_k_auto_a_col": StagedFlushCase(((130, 4100), 130, 0, True), ((4100, 133), 133, 0, False), "auto", True,
+                                          deterministic=False, atomics_in_any_order=True),
+    "stream_k_across_chunks": StagedFlushCase(((200, 3000), 3000, 0, False), ((3000, 301), 301, 0, False), "fp16",
+                                              True, env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False,
+                                              atomics_in_any_order=True),
 }
 
 
@@ -625,22 +674,32 @@ STAGED_FLUSH_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(STAGED_FLUSH_CASES))
 def test_corrected_matmul_staged_flush(gen, monkeypatch, case):
-    """Where the output's width is odd, the wgmma GEMM's odd-width instantiation stages its rows, which are not 8-byte
-    aligned, through shared memory (by default); TORCH_WMMAE_STAGED_FLUSH=0 runs the plain one, which stores them
-    element by element: the same bits, within the float32 bound, with every output written (the pool is
-    NaN-poisoned), on edge and whole tiles, batched, in every layout, with a width of 1, beside tiles whose shifts
-    leave the fast path; and the other instantiations where the method is tf32 or the sums come in several chunks."""
-    (*a_layout, a_col), (*b_layout, b_col), method, row_scale, odd_width_kernel = STAGED_FLUSH_CASES[case]
-    a = _strided_matrix(gen, *a_layout, col_major=a_col)
-    a[..., 5, :] *= row_scale
-    b = _strided_matrix(gen, *b_layout, col_major=b_col)
+    """Where the output's width is odd, the wgmma GEMM's odd-width instantiations stage its rows, which are not 8-byte
+    aligned, through shared memory (by default); TORCH_WMMAE_STAGED_FLUSH=0 runs the plain ones, which store them
+    element by element: the same bits (where at most two atomics add into an output), within the float32 bound, with
+    every output written (the pool is NaN-poisoned), on edge and whole tiles, batched, in every layout, with a width
+    of 1, beside tiles whose shifts leave the fast path; for a piece's only chunk, chunks of 1024 read back, and
+    atomics (split-K, stream-K across chunk boundaries); and the other instantiations where the method is tf32 or
+    chunks of 4096 are read back."""
+    c = STAGED_FLUSH_CASES[case]
+    a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
+    a[..., 5, :] *= c.row_scale
+    b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
     monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")  # (the tile GEMMs, which odd widths would otherwise not reach)
-    kernels = _same_bits_by_switch(monkeypatch, STAGED_FLUSH_SWITCH, ("default", "0"), a, b, method, case)
+    for name, value in c.env.items():
+        monkeypatch.setenv(name, value)
+    if not c.deterministic and not c.atomics_in_any_order:  # two atomics add onto zero in either order to the same bits
+        assert device_gemm_grid(a.shape[-2], b.shape[-1], a.shape[-1])[1] <= 2
+    kernels = _same_bits_by_switch(monkeypatch, STAGED_FLUSH_SWITCH, ("default", "0"), a, b, c.method, case,
+                                   deterministic_mode=c.deterministic, exact=not c.atomics_in_any_order)
     if _sees_sm90_kernels():
         ran, plain = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
         assert any(GEMM_KERNEL.search(k) for k in ran) and not any(SMALL_GEMM_KERNEL in k for k in ran), ran
-        assert any(ODD_WIDTH_KERNEL.search(k) for k in ran) == odd_width_kernel, ran
+        assert any(ODD_WIDTH_KERNEL.search(k) for k in ran) == c.odd_width_kernel, ran
+        assert any(ODD_WIDTH_READ_BACK_KERNEL.search(k) for k in ran) == (c.odd_width_kernel and c.read_back), ran
+        assert any(READ_BACK_KERNEL.search(k) for k in ran) == c.read_back, ran
         assert not any(ODD_WIDTH_KERNEL.search(k) for k in plain), plain
+        assert any(READ_BACK_KERNEL.search(k) for k in plain) == c.read_back, plain
 
 
 @requires_cuda

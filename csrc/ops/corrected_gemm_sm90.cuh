@@ -352,14 +352,15 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // ranges (GemmArgs::prepass_items_done) instead of the whole pre-pass grid. kM: the fp16 method, or the tf32
 // method (corrected_gemm_sm90_tf32_kernel: tf32 hi and residual, k-steps of 8; the method's
 // tiles of "auto" too, after the fp16 GEMM). kOddWidth: for outputs of an odd width, whose rows are not 8-byte
-// aligned: the flush's fast path stages them through shared memory (a separate instantiation, so that the others'
-// code stays as it was: with the staging in every instantiation, aligned shapes were 1-4% slower, H200).
+// aligned: the flush's fast path stages them through shared memory, for every kind of chunk (a separate
+// instantiation, so that the others' code stays as it was: with the staging in every instantiation, aligned shapes
+// were 1-4% slower, H200).
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass, bool kOddWidth>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps) {
   static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
-  static_assert(!kOddWidth || (kM == Method::fp16 && kTma && !kReadBack && !kBesidePrepass && staging_fits<kM>()),
-                "odd widths: the plain fp16 instantiations with TMA stages only");
+  static_assert(!kOddWidth || (kM == Method::fp16 && kTma && !kBesidePrepass && staging_fits<kM>()),
+                "odd widths: the fp16 instantiations with TMA stages (plain or reading back) only");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
   // auto's tf32 GEMM after the fp16 one, the next call's first kernel after either; or as each block starts its last
@@ -839,11 +840,12 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // just before writing it, and ptxas (no free registers) makes every load wait for the previous element's
     // store: 64 round trips per flush. kReadBack (several chunks, no split-K) loads all 64 first, into hh
     // (free until the next hi*hi product overwrites it).
-    // kOddWidth (rows not 8-byte aligned, which the fast path's pairs need), a piece's only chunk without atomics:
-    // the fast path's arithmetic, its results staged through `staging` (the hi/lo buffer that no product reads then:
-    // see the call) so that each warp stores 32 consecutive columns of a row at a time. Element by element, a warp's
-    // store put 4 floats 8 bytes apart into each of 8 rows: 9 of each 32-byte sector's bytes used (H200, ncu, 4097^2
-    // x 64: the GEMM 138 us against 60 at 4096^2 x 64, with 4x the store requests and the same DRAM bytes).
+    // kOddWidth (rows not 8-byte aligned, which the fast path's pairs need), any chunk of a direct tile: the element
+    // path's arithmetic, its chunk results staged through `staging` (a hi/lo buffer that no product reads then: see
+    // the call) so that each warp stores, adds by atomics, or reads back and rewrites 32 consecutive columns of a row
+    // at a time. Element by element, a warp's store put 4 floats 8 bytes apart into each of 8 rows: 9 of each
+    // 32-byte sector's bytes used (H200, ncu, 4097^2 x 64: the GEMM 138 us against 60 at 4096^2 x 64, with 4x the
+    // store requests and the same DRAM bytes).
     auto flush = [&](bool first_chunk, bool last_chunk, unsigned char* staging) {
       const OutputTile tile = *out_tile;
       float* const out_row[2] = {tile.origin + row0 * n + 2 * quad, tile.origin + (row0 + 8) * n + 2 * quad};
@@ -861,36 +863,100 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         return make_float2(unscale_direct(chunk_result<kM>(sum[x], corr[x]), a_shift[r] + bs.x),
                            unscale_direct(chunk_result<kM>(sum[x + 1], corr[x + 1]), a_shift[r] + bs.y));
       };
+      auto chunk_pair = [&](int x) {  // the same, still scaled
+        return make_float2(chunk_result<kM>(sum[x], corr[x]), chunk_result<kM>(sum[x + 1], corr[x + 1]));
+      };
 #pragma nv_diagnostic pop
       if constexpr (kOddWidth) {
-        if (tile.direct && !atomic_output && first_chunk && last_chunk) {
+        // What each chunk does with its results, as add_chunk_to_output and add_chunk_to_read_back_output do: atomics
+        // and a piece's only chunk store (or add) them unscaled, and are unscaled as they are staged; otherwise the
+        // partial sum stays scaled in the output, read back after the first chunk and unscaled after the last one's
+        // sum (so the unscaling waits for the read-back: row and column shifts of each stored element, from
+        // `scales`). Read back only in the kReadBack instantiation (its blocks never add by atomics), so that each
+        // instantiation compiles the cases it runs (both in one, the flush spilled); the plain one's chunks that
+        // are read back (TORCH_WMMAE_READ_BACK=0) go element by element.
+        // One staged flush per kind of chunk (kAtomics: added by atomics; kReadsBack: a chunk after the first, whose
+        // earlier partial sums are read back), compiled apart: with the kind a branch at run time, calls whose tiles
+        // are one chunk took 9-18% longer (H200, session 100, bench_unaligned's staged path: 4097^2 x 64 87.6 us
+        // against 80.5 compiled apart, 2049^2 x 256 63.0 against 53.0, 8 x 1025^2 x 64 52.1 against 45.3).
+        auto staged_flush = [&](auto atomics_tag, auto read_back_tag) {
+          constexpr bool kAtomics = decltype(atomics_tag)::value, kReadsBack = decltype(read_back_tag)::value;
+          // (In the plain instantiation the other chunks, which store, are a piece's only ones.)
+          const bool unscale_staged = kAtomics || (!kReadsBack && (!kReadBack || last_chunk));
+          const bool unscale_stored = kReadsBack && last_chunk;
           // The warp's rows 16 (warp % 4) + [0, 16) of its warpgroup's 64; the columns 32 c + [0, 32) in round c.
           // Row i's 8-column group g of the round lies at 8 (g ^ (i % 4)) in its 32 floats, so that a half warp's
           // 8-byte writes (4 rows, 4 lanes each) and a warp's reads along a row touch 32 different banks.
           float* const rows_of_warp = reinterpret_cast<float*>(staging) + warp * kStagedRows * kStagedCols;
           const int warp_row = row0 - lane / 4;
           const int rows_in = tile.rows - warp_row;  // the warp's rows i < rows_in are inside the output
+          float* const warp_out = tile.origin + static_cast<std::int64_t>(warp_row) * n + lane;
+          // The earlier partial sums, all four rounds' at once, go to hh (free until the next hi*hi product
+          // overwrites it), so that the loads are in flight together. (A round ahead instead, with fewer registers,
+          // the wait for each round's loads made the flush slower than element by element: H200, 8 x 1025^2 x 4096
+          // 1242 us against 925.)
+          constexpr int kRounds = kBlockN / kStagedCols;
+          if constexpr (kReadsBack) {
+            const float* in = warp_out;
 #pragma unroll
-          for (int c = 0; c < kBlockN / kStagedCols; ++c) {
+            for (int i = 0; i < kStagedRows; ++i) {
+#pragma unroll
+              for (int c = 0; c < kRounds; ++c) {
+                hh[kStagedRows * c + i] = i < rows_in && kStagedCols * c + lane < tile.cols ? in[kStagedCols * c] : 0.0f;
+              }
+              in += n;
+            }
+          }
+          // After a chunk that is not the piece's last, both warpgroups' products are complete only past a block
+          // barrier: the products of the other warpgroup may still read the hi/lo buffer that `staging` is then.
+          if (!last_chunk) __syncthreads();
+#pragma unroll
+          for (int c = 0; c < kRounds; ++c) {
 #pragma unroll
             for (int x = 16 * c; x < 16 * c + 16; x += 2) {
               const int r = acc_row(x), i = lane / 4 + 8 * r, g = (x >> 2) & 3;
               *reinterpret_cast<float2*>(rows_of_warp + i * kStagedCols + 8 * (g ^ (i % 4)) + 2 * quad) =
-                  result_pair(x, r, acc_col(x));
+                  unscale_staged ? result_pair(x, r, acc_col(x)) : chunk_pair(x);
               sum[x] = sum[x + 1] = 0.0f;
             }
             __syncwarp();
             const int col = kStagedCols * c + lane;
-            float* out = tile.origin + static_cast<std::int64_t>(warp_row) * n + col;
+            float* out = warp_out + kStagedCols * c;
 #pragma unroll
             for (int i = 0; i < kStagedRows; ++i) {
-              const float v = rows_of_warp[i * kStagedCols + 8 * ((lane / 8) ^ (i % 4)) + lane % 8];
-              if (i < rows_in && col < tile.cols) *out = v;
+              float v = rows_of_warp[i * kStagedCols + 8 * ((lane / 8) ^ (i % 4)) + lane % 8];
+              if constexpr (kReadsBack) {
+                v = hh[kStagedRows * c + i] + v;
+                // (scales.b_shift has kBlockN entries: col < 128 even past the output's edge)
+                if (unscale_stored) v = unscale_direct(v, scales.a_shift[warp_row + i] + scales.b_shift[col]);
+              }
+              if (i < rows_in && col < tile.cols) {
+                if constexpr (kAtomics) {
+                  atomicAdd(out, v);
+                } else {
+                  *out = v;
+                }
+              }
               out += n;
             }
             __syncwarp();  // (the next round rewrites the warp's staging)
           }
-          return;
+        };
+        if (tile.direct) {
+          if constexpr (kReadBack) {  // (no atomics: sm90_read_back)
+            if (first_chunk) {
+              staged_flush(std::false_type{}, std::false_type{});
+            } else {
+              staged_flush(std::false_type{}, std::true_type{});
+            }
+            return;
+          } else if (atomic_output) {
+            staged_flush(std::true_type{}, std::false_type{});
+            return;
+          } else if (first_chunk && last_chunk) {
+            staged_flush(std::false_type{}, std::false_type{});
+            return;
+          }
         }
       } else if (!kReadBack && tile.direct && (atomic_output || (first_chunk && last_chunk))) {
         // (Never with kReadBack: its blocks sum several chunks without split-K.)
@@ -950,8 +1016,11 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         }
         return;
       }
-      const bool read_back = kReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
-      if constexpr (kReadBack && !kHalfHi) {
+      // (The odd-width read-back instantiation sends here only tiles whose shifts leave the fast path, rarely: they
+      // read back element by element, which spares that instantiation the registers of the batch.)
+      constexpr bool kBatchedReadBack = kReadBack && !kHalfHi && !kOddWidth;
+      const bool read_back = kBatchedReadBack && !first_chunk;  // kReadBack implies no split-K (sm90_read_back)
+      if constexpr (kBatchedReadBack) {
         if (read_back) {
 #pragma unroll
           for (int x = 0; x < 64; ++x) {
@@ -970,9 +1039,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
             // (kHalfHi never reads back: kBesidePrepass excludes kReadBack. The index only stays in bounds.)
             add_chunk_to_read_back_output<kM>(sum[x], corr[x], hh[x % kHh], out, shift, last_chunk);
           } else {
-            // With kReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
+            // With kBatchedReadBack this is the first chunk, unsplit; said as constants, or that instantiation spills.
             add_chunk_to_output<kM>(sum[x], corr[x], out, shift, !kReadBack && atomic_output,
-                                              kReadBack || first_chunk, last_chunk);
+                                    kBatchedReadBack || first_chunk, last_chunk);
           }
         }
         sum[x] = 0.0f;
@@ -1143,10 +1212,14 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       }
       wgmma_wait<0>();
       fence_registers(corr);
-      // In the piece's last chunk, B's hi/lo buffer of stage k_tiles is free: no split wrote it in this piece,
-      // and the products of stage k_tiles - kBuffers that last read it were complete at stage k_tiles - 1's
-      // barrier (every warpgroup's). The next piece's first split comes after work.next's barrier.
-      flush(chunk_begin == 0, chunk_end == k_tiles, split_tile(split_buf, 0));
+      // The staging buffer (kOddWidth). In the piece's last chunk, B's hi/lo buffer of stage k_tiles is free: no
+      // split wrote it in this piece, and the products of stage k_tiles - kBuffers that last read it were complete
+      // at stage k_tiles - 1's barrier (every warpgroup's). The next piece's first split comes after work.next's
+      // barrier. In an earlier chunk, that buffer holds stage chunk_end's split; the one after it (stage
+      // chunk_end - 2's) is free once the flush's barrier has seen every warpgroup's products complete, and the
+      // split that rewrites it comes after stage chunk_end's barrier.
+      const bool last_chunk = chunk_end == k_tiles;
+      flush(chunk_begin == 0, last_chunk, split_tile(last_chunk ? split_buf : next_split_buf(split_buf), 0));
     }
     cp_async_wait<0>();  // (the barrier of work.next: the next piece rewrites the scales and the stages)
     ring_start += k_tiles;

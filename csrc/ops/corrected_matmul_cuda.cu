@@ -750,19 +750,29 @@ bool sm90_read_back(const GemmArgs& args) {
          !env_is("TORCH_WMMAE_READ_BACK", "0");
 }
 
-// Whether the wgmma fp16 kernel with TMA stages (neither the read-back one nor the one beside the resident pre-pass)
-// is its odd-width instantiation (kOddWidth), whose flush stages the output's rows, which are not 8-byte aligned,
-// through shared memory, so that a warp stores 32 consecutive floats of a row at a time: wherever N is odd. Element
-// by element, each store used 9 of each 32-byte sector's bytes. H200, session 99, same build, us per call back to
-// back, auto, TORCH_WMMAE_SMALL_GEMM=0, element by element -> staged (torch fp32): 4097^2 x 64 136.9 -> 79.5 (73.2),
-// 8193^2 x 64 469 -> 292 (265), 4097^2 x 128 157.7 -> 102.2 (121.0), 4097^2 x 1000 390 -> 334 (790), 2049^2 x 256
-// 74.9 -> 53.8 (64.5), 2049^2 x 64 43.1 -> 26.8 (23.0), 8 x 1025^2 x 64 76.7 -> 45.1 (44.3); split-K calls (128 x
-// 4097 x 4096) keep the element stores and their time. Its own instantiation, so that the others' code stays as it
-// was: with the staging in every instantiation (a branch at run time), aligned shapes were 1-4% slower (H200, five
-// alternating rounds: 2048^3 144.6 -> 149.8 us, 64 x 512^3 166.0 -> 169.3, 128 x 8192 x 4096 110.4 -> 111.5).
-// TORCH_WMMAE_STAGED_FLUSH=0 runs the plain instantiation (the same bits).
+// Whether the wgmma fp16 kernel with TMA stages (not the one beside the resident pre-pass) is an odd-width
+// instantiation (kOddWidth), whose flush stages the output's rows, which are not 8-byte aligned, through shared
+// memory, so that a warp stores 32 consecutive floats of a row at a time: wherever N is odd, for a block's only chunk
+// of K, the atomics of split-K and stream-K and, in chunks of 1024, the chunks that are read back. Element by element,
+// each store used 9 of each 32-byte sector's bytes. H200, us per call back to back, auto, TORCH_WMMAE_SMALL_GEMM=0,
+// element by element -> staged (torch fp32), same build (session 100's benchmarks/results/unaligned.md):
+// - one chunk: 4097^2 x 64 137 -> 80.5 (73.2), 8193^2 x 64 470 -> 293 (265), 4097^2 x 128 158 -> 103 (121),
+//   4097^2 x 1000 388 -> 330 (789), 2049^2 x 256 74.7 -> 53.0 (64.3), 8 x 1025^2 x 64 76.1 -> 45.3 (44.4);
+// - atomics: 4097^3 (two splits) 1370 -> 1270 (3140), 1025^2 x 4096 (stream-K) 155 -> 142 (242), 256 x 2049 x 4096
+//   (stream-K) 112 -> 100 (112);
+// - read back, chunks of 1024: 8 x 1025^2 x 2048 479 -> 427 (911).
+// Not where the chunks that are read back are 4096 long (large outputs without split-K, e.g. in deterministic mode),
+// where the odd-width instantiation's stage loop cost more than its flush saved (session 100, an earlier build with
+// the same read-back flush): 4097^2 x 8192 2519 -> 2567 us, 2049^2 x 8193 957 -> 963 (4097^3, whose second chunk is
+// one stage, 1420 -> 1396). They keep the plain read-back instantiation. Chunks of 1024 there: 8 x 1025^2 x 4096
+// 925 -> 883, 1025^2 x 2100 95.9 -> 86.0, 32 x 513^2 x 2048 678 -> 679. Instantiations of their own, so that the
+// others' code stays as it was: with the staging in every instantiation (a branch at run time), aligned shapes were
+// 1-4% slower (H200, session 98, five alternating rounds: 2048^3 144.6 -> 149.8 us, 64 x 512^3 166.0 -> 169.3, 128 x
+// 8192 x 4096 110.4 -> 111.5). TORCH_WMMAE_STAGED_FLUSH=0 runs the plain instantiations (the same bits, where at
+// most two atomics add into an output).
 bool staged_flush_applies(const GemmArgs& args) {
-  return args.n % 2 != 0 && !env_is("TORCH_WMMAE_STAGED_FLUSH", "0");
+  return args.n % 2 != 0 && !env_is("TORCH_WMMAE_STAGED_FLUSH", "0") &&
+         (!sm90_read_back(args) || accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall);
 }
 
 // Whether the pre-pass runs beside the GEMM (resident_prepass_sm90.cuh): the fp16 GEMM's batched calls where TMA
@@ -890,17 +900,23 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const std::int64_t stages = gemm_tiles(args.m, args.n) * gemm_k_stages(args.k) * args.num_batches;
     const bool staggered = 2 * blocks >= launch.sm_count && stages >= 12 * blocks;
     fp16_args.start_stagger_blocks = staggered ? launch.sm_count : 0;
-    if (sm90_read_back(args)) {
+    const bool read_back = sm90_read_back(args);
+    if constexpr (kTma) {
+      if (staged_flush_applies(args)) {
+        if (read_back) {
+          launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, true, false, true>>(
+              Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
+        } else {
+          launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, false, true>>(
+              Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
+        }
+        return;
+      }
+    }
+    if (read_back) {
       launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false, false>>(
           Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
       return;
-    }
-    if constexpr (kTma) {
-      if (staged_flush_applies(args)) {
-        launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, false, true>>(
-            Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
-        return;
-      }
     }
     launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false, false>>(
         Cfg::kSmemBytes, fp16_launch, fp16_args, maps);

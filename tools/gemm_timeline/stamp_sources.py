@@ -100,9 +100,9 @@ EDITS = [
     _after(_GEMM, "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n", "    " + _PIECE.format(3)),
     # (A piece of several chunks stamps its last chunk's loop and flush.)
     (_GEMM,
-     "      flush(chunk_begin == 0, chunk_end == k_tiles, split_tile(split_buf, 0));\n",
+     "      flush(chunk_begin == 0, last_chunk, split_tile(last_chunk ? split_buf : next_split_buf(split_buf), 0));\n",
      "      " + _PIECE.format(4) +
-     "      flush(chunk_begin == 0, chunk_end == k_tiles, split_tile(split_buf, 0));\n"
+     "      flush(chunk_begin == 0, last_chunk, split_tile(last_chunk ? split_buf : next_split_buf(split_buf), 0));\n"
      "      " + _PIECE.format(5)),
     _after(_GEMM, "    previous_k_tiles = k_tiles;\n  }\n",
            f"  if constexpr (kTf32) timeline_kernel({TF32_BASE}, 3, timeline_now());\n"
