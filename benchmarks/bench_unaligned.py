@@ -22,11 +22,14 @@ import torch_wmmae
 from common import header, inputs_for_rotation, loop_ms, write_results
 
 # (batch, m, n, k, A's storage offset in floats): odd N at K <= 128 (the flush's share of the time is largest) and
-# beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd K (A's lines unaligned) and an odd
-# K and N; A one float past 16 bytes; split-K with an odd N (which keeps the element stores); an aligned control.
+# beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd N with long K: split-K (4097^3),
+# stream-K (1025^2 x 4096, 256 x 2049 x 4096) and chunks read back (8 x 1025^2 x 2048), whose atomics and chunks are
+# staged too, and split-K on cp.async stages (128 x 4097 x 4096: tma_copies_pay), which have no odd-width
+# instantiation; odd K (A's lines unaligned) and an odd K and N; A one float past 16 bytes; an aligned control.
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
+          (1, 1025, 1025, 4096, 0), (1, 256, 2049, 4096, 0), (8, 1025, 1025, 2048, 0),
           (1, 1024, 1024, 99, 0), (1, 2048, 2048, 50, 0), (1, 4096, 4096, 33, 0), (1, 4096, 4096, 64, 1),
           (1, 128, 4097, 4096, 0), (1, 4096, 4096, 64, 0)]
 # The paths: the default, the tile GEMMs (never the small GEMM) with their odd-width staging and with element-by-element
