@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_cuda_pool, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_cuda_pool, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -1416,6 +1416,41 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
     ref = torch.matmul(a[:1, :64].double(), b[:1].double())
     assert rel_err(out[:1, :64], ref) < 1e-6
 
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, method):
+    """Where TMA cannot read an operand in place (here A, whose rows of K = 4097 floats are not 16-byte aligned), H100
+    and H200 copy it by default into lines padded to 16 bytes: its size again, which the README's targets table states
+    (the few-percent target is not met there). TORCH_WMMAE_TMA_COPIES=0 copies the GEMM's stages with cp.async
+    instead and keeps the 3% bound of test_extra_memory_is_a_few_percent_of_a. Both give the same bits
+    (deterministic mode: no split-K)."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    m, k, n = 1024, 4097, 1024  # (A is read by eight lines of output tiles: tma_copies_pay keeps its copy)
+    gen = torch.Generator(device="cuda").manual_seed(4097)
+    a = torch.randn(m, k, device="cuda", generator=gen)
+    b = torch.randn(k, n, device="cuda", generator=gen)
+    a_bytes, padded_bytes = a.numel() * 4, m * 4100 * 4
+    outs, extra = {}, {}
+    for copies in ("default", "0"):
+        if copies == "default":
+            monkeypatch.delenv("TORCH_WMMAE_TMA_COPIES", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_WMMAE_TMA_COPIES", copies)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with deterministic():
+            outs[copies] = corrected_matmul(a, b, method=method)
+        torch.cuda.synchronize()
+        extra[copies] = torch.cuda.max_memory_allocated() - before - outs[copies].numel() * 4
+    assert padded_bytes <= extra["default"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
+    assert extra["0"] <= 0.03 * a_bytes, (extra, a_bytes)
+    assert torch.equal(outs["default"], outs["0"])
+    ref = torch.matmul(a[:64].double(), b.double())
+    assert rel_err(outs["0"][:64], ref) < 1e-6
 
 def _k_per_split(k, splits):
     """K elements per split (matmul_plan.cpp's k_per_split): whole 32-k stages."""
