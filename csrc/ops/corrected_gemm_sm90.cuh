@@ -122,9 +122,9 @@ struct OutputTile {
   bool quads;       // direct with 16-byte aligned rows (a width of 0 mod 4): the fast path writes float4s
 };
 
-// The odd-width instantiation's flush stages its rows (not 8-byte aligned: see flush) through shared memory: each
-// warp's 16 x 32 columns at a time, 2 KB per warp, in the B hi/lo buffer that no product reads during a piece's last
-// flush.
+// The odd-width instantiations' flush stages its rows (not 8-byte aligned: see flush) through shared memory: each
+// warp's 16 x 32 columns at a time, 2 KB per warp, in a B hi/lo buffer that no product reads during the flush (see
+// the flush's call).
 constexpr int kStagedRows = 16, kStagedCols = 32;
 template <Method kM>
 constexpr bool staging_fits() {
