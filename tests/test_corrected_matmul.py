@@ -1391,6 +1391,16 @@ def test_split_k_shapes(method, monkeypatch):
     assert rel_err(first, ref) <= 4 * max(fp32_err, 2**-24)
 
 
+def _call_and_extra_bytes(call):
+    """call()'s output and the peak memory it allocated besides that output, in bytes (the call's temporaries)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = call()
+    torch.cuda.synchronize()
+    return out, torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
@@ -1406,12 +1416,7 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
         torch.randn(batch, m, k, device="cuda", generator=gen)
     b = torch.randn(batch, n, k, device="cuda", generator=gen).transpose(-1, -2) if transposed else \
         torch.randn(batch, k, n, device="cuda", generator=gen)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    out = corrected_matmul(a, b, method=method)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
+    out, extra = _call_and_extra_bytes(lambda: corrected_matmul(a, b, method=method))
     assert extra <= 0.03 * a.numel() * a.element_size(), (extra, a.numel() * 4)
     ref = torch.matmul(a[:1, :64].double(), b[:1].double())
     assert rel_err(out[:1, :64], ref) < 1e-6
@@ -1439,13 +1444,8 @@ def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, m
             monkeypatch.delenv("TORCH_WMMAE_TMA_COPIES", raising=False)
         else:
             monkeypatch.setenv("TORCH_WMMAE_TMA_COPIES", copies)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
         with deterministic():
-            outs[copies] = corrected_matmul(a, b, method=method)
-        torch.cuda.synchronize()
-        extra[copies] = torch.cuda.max_memory_allocated() - before - outs[copies].numel() * 4
+            outs[copies], extra[copies] = _call_and_extra_bytes(lambda: corrected_matmul(a, b, method=method))
     assert padded_bytes <= extra["default"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
     assert extra["0"] <= 0.03 * a_bytes, (extra, a_bytes)
     assert torch.equal(outs["default"], outs["0"])
