@@ -642,6 +642,15 @@ struct GemmLaunch {
   unsigned persistent_batch_slots;  // the grid's z extent for the wgmma fp16 kernel with TMA stages, where > 0
 };
 
+// Calls f(std::bool_constant<x>{}, std::bool_constant<y>{}): picks a kernel instantiation from two run-time flags.
+template <class F>
+void with_flags(bool x, bool y, F&& f) {
+  if (x && y) f(std::true_type{}, std::true_type{});
+  else if (x) f(std::true_type{}, std::false_type{});
+  else if (y) f(std::false_type{}, std::true_type{});
+  else f(std::false_type{}, std::false_type{});
+}
+
 // Launches `Kernel` with `smem_bytes` of dynamic shared memory.
 template <auto Kernel, class... Params>
 void launch_with_smem(std::size_t smem_bytes, const GemmLaunch& launch, const Params&... params) {
@@ -900,26 +909,16 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const std::int64_t stages = gemm_tiles(args.m, args.n) * gemm_k_stages(args.k) * args.num_batches;
     const bool staggered = 2 * blocks >= launch.sm_count && stages >= 12 * blocks;
     fp16_args.start_stagger_blocks = staggered ? launch.sm_count : 0;
-    const bool read_back = sm90_read_back(args);
-    if constexpr (kTma) {
-      if (staged_flush_applies(args)) {
-        if (read_back) {
-          launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, true, false, true>>(
-              Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
-        } else {
-          launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, false, true>>(
-              Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
-        }
-        return;
+    // An instantiation per kind of flush: chunks read back or not, and the staged flush of odd widths (TMA
+    // stages only: with cp.async stages the output's odd widths keep the element stores).
+    const bool staged = kTma && staged_flush_applies(args);
+    with_flags(sm90_read_back(args), staged, [&](auto read_back, auto odd_width) {
+      constexpr bool kReadBack = decltype(read_back)::value, kOddWidth = decltype(odd_width)::value;
+      if constexpr (kTma || !kOddWidth) {
+        launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, kReadBack, false, kOddWidth>>(
+            Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
       }
-    }
-    if (read_back) {
-      launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, true, false, false>>(
-          Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
-      return;
-    }
-    launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, false, false, false>>(
-        Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
+    });
   }
 }
 #endif
@@ -941,10 +940,7 @@ void launch_wmma(const GemmArgs& args, const GemmLaunch& launch) {
 // per layout of their operands.
 template <class F>
 void with_layouts(bool a_row_major, bool b_row_major, F&& f) {
-  if (a_row_major && b_row_major) f(std::true_type{}, std::true_type{});
-  else if (a_row_major) f(std::true_type{}, std::false_type{});
-  else if (b_row_major) f(std::false_type{}, std::true_type{});
-  else f(std::false_type{}, std::false_type{});
+  with_flags(a_row_major, b_row_major, std::forward<F>(f));
 }
 
 template <Method M, bool kARowMajor, bool kBRowMajor>
