@@ -345,11 +345,12 @@ def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: b
 
 
 def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, what: str,
-                         deterministic_mode: bool = True, exact: bool = True) -> dict:
+                         deterministic_mode: bool = True, exact: bool = True, inf_rows: tuple = ()) -> dict:
     """corrected_matmul(a, b, method) at each of the switch's `values` (as _calls_by_switch, each call inside a fresh
     NaN-poisoned pool, so that an output left unwritten shows), under deterministic(deterministic_mode): the same bits
     at each value where `exact` (False where more than two atomics add into an output, in any order), and within the
-    float32 dot product bound. The names of the kernels each call launched, by value."""
+    float32 dot product bound; on inf_rows (rows of a 2-D `a` that hold an Inf, where that bound says nothing) the
+    float64 product's +-Infs instead. The names of the kernels each call launched, by value."""
     call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
     # (Operand copies may exceed the pool's small blocks. Under compute-sanitizer, where the pool would skip, the
     # tool watches the accesses instead.)
@@ -361,8 +362,17 @@ def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, wh
         if exact:
             torch.testing.assert_close(outs[value], outs[first], rtol=0, atol=0, msg=f"{what}: {switch}={value}")
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    finite = torch.ones(a.shape[-2], dtype=torch.bool, device=a.device)
+    if inf_rows:
+        assert a.dim() == 2, "inf_rows: rows of a 2-D a"
+        finite[list(inf_rows)] = False
+        ref = torch.matmul(a[~finite].double(), b.double())
+        assert torch.isinf(ref).all(), "each of inf_rows is +-Inf in every column"
     for value in values if not exact else (first,):
-        assert_matmul_within_dot_product_bound(outs[value], a.expand(*batch, *a.shape[-2:]),
+        out = outs[value]
+        if inf_rows:
+            assert torch.equal(out[~finite], ref.float()), f"{what}, {switch}={value}: the rows of an Inf"
+        assert_matmul_within_dot_product_bound(out[..., finite, :], a.expand(*batch, *a.shape[-2:])[..., finite, :],
                                                b.expand(*batch, *b.shape[-2:]), f"{what}, {switch}={value}")
     return kernels
 
@@ -515,8 +525,9 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
+# (With TMA stages: the instantiations of kTma, and those that read row-major A by residue, TmaMaps::a_by_residue.)
 TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false), "
-                        r"(true|false)>")
+                        r"(true|false)>|corrected_gemm_sm90_kernel_a_by_residue<")
 TMA_COPIES_SWITCH = "TORCH_WMMAE_TMA_COPIES"
 
 
@@ -551,12 +562,14 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         assert read_by_tma == {"tma": eligible or len(batch) <= 1, "in_place": eligible, "cp_async": False}, kernels
         if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
             layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
-            assert any(layout in name for name in kernels["tma"]), kernels["tma"]
+            by_residue = f"corrected_gemm_sm90_kernel_a_by_residue<{str(not b_col).lower()}, "  # (row-major A)
+            assert any(layout in name or (not a_col and by_residue in name) for name in kernels["tma"]), kernels["tma"]
 
 
 TF32_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
-TF32_TMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), true>")
-GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel<")
+TF32_TMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), true>|"
+                             r"corrected_gemm_sm90_tf32_kernel_a_by_residue<")
+GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_a_by_residue)?<")
 
 
 # Operands that TMA cannot read in place, which the tile GEMMs read from copies that it can (tma_readable_copy):
@@ -604,12 +617,104 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
         assert any(PREPASS_KERNEL in k for k in ran) == (path != "folds"), ran
 
 
+A_BY_RESIDUE_SWITCH = "TORCH_WMMAE_A_BY_RESIDUE"
+BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_a_by_residue<")
+
+
+class ByResidueCase(NamedTuple):
+    a: tuple  # as in TMA_CASES: (shape, row stride, storage offset, column-major)
+    b: tuple
+    method: str
+    by_residue: bool = True  # whether A is read by residue (else copied, as with the switch at 0)
+    wide_row: bool = False  # A's row 5 spans 2^80 (auto: its tiles not fp16-safe: the tf32 GEMM or FMAs take them)
+    folds: bool = False  # K <= 128: the tiles fold their own line ranges (no pre-pass kernel, no tf32 kernel)
+    inf_row: bool = False  # A's row 7 holds an Inf
+    env: dict = {}  # further switches (never mutated)
+    deterministic: bool = True  # deterministic mode: no split-K or stream-K, whose atomics add into the output
+    atomics_in_any_order: bool = False  # more than two atomics add into an output: the bits may differ
+
+
+# Row-major A whose rows TMA cannot read as one map (an odd K, a storage offset, a row stride of 75 floats), which the
+# tile GEMMs read by residue of its rows instead of copying it: every residue of K and of the offset; K <= 128 (the
+# tiles fold their own line ranges, and auto's tiles that are not fp16-safe are FMAs from the stages) and longer (the
+# pre-pass); M = 4 and 5 (residues of one or two rows), M = 3 (too few rows: copied); tile rows past M; B aligned,
+# column-major with odd K (copied: x @ W^T), or of odd width (copied, and the output staged); chunks of 1024 read
+# back; split-K and stream-K; an Inf; the tf32 method and auto's tf32 tiles.
+BY_RESIDUE_CASES = {
+    "k33_folds_auto": ByResidueCase(((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", folds=True),
+    "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 127, 1, False), ((127, 200), 200, 0, False), "fp16",
+                                              folds=True),
+    "k65_folds_auto_fma_tiles": ByResidueCase(((300, 65), 65, 0, False), ((65, 136), 136, 0, False), "auto",
+                                              wide_row=True, folds=True),
+    "k1001_fp16_inf": ByResidueCase(((130, 1001), 1001, 0, False), ((1001, 136), 136, 0, False), "fp16",
+                                    inf_row=True),
+    "k1002_b_col_auto": ByResidueCase(((257, 1002), 1002, 0, False), ((1002, 200), 1002, 0, True), "auto"),
+    "k1003_tf32": ByResidueCase(((130, 1003), 1003, 0, False), ((1003, 136), 136, 0, False), "tf32"),
+    "k1003_auto_inf": ByResidueCase(((130, 1003), 1003, 0, False), ((1003, 136), 136, 0, False), "auto",
+                                    inf_row=True),
+    "offset_1": ByResidueCase(((300, 64), 64, 1, False), ((64, 200), 200, 0, False), "fp16", folds=True),
+    "offset_2_stride_75": ByResidueCase(((257, 72), 75, 2, False), ((72, 136), 136, 0, False), "auto", folds=True),
+    "offset_3_k301": ByResidueCase(((130, 301), 301, 3, False), ((301, 136), 136, 0, False), "auto"),
+    "m4": ByResidueCase(((4, 1001), 1001, 0, False), ((1001, 136), 136, 0, False), "fp16"),
+    "m5_odd_width": ByResidueCase(((5, 1001), 1001, 0, False), ((1001, 133), 133, 0, False), "fp16"),
+    "m3_copied": ByResidueCase(((3, 1001), 1001, 0, False), ((1001, 136), 136, 0, False), "fp16", by_residue=False),
+    "x_at_w_t_odd_width": ByResidueCase(((200, 333), 333, 0, False), ((333, 131), 333, 0, True), "auto"),
+    "chunks_read_back": ByResidueCase(((300, 2101), 2101, 0, False), ((2101, 136), 136, 0, False), "fp16"),
+    "chunks_read_back_odd_width": ByResidueCase(((130, 2101), 2101, 0, False), ((2101, 133), 133, 0, False), "fp16"),
+    "wide_row_auto_tf32_tiles": ByResidueCase(((300, 1001), 1001, 0, False), ((1001, 136), 136, 0, False), "auto",
+                                              wide_row=True),
+    "split_k": ByResidueCase(((130, 4101), 4101, 0, False), ((4101, 136), 136, 0, False), "fp16",
+                             deterministic=False, atomics_in_any_order=True),
+    "stream_k": ByResidueCase(((200, 3001), 3001, 0, False), ((3001, 301), 301, 0, False), "fp16",
+                              env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(BY_RESIDUE_CASES))
+def test_corrected_matmul_a_by_residue(gen, monkeypatch, case):
+    """Where the tile GEMMs would copy a row-major A that TMA cannot read as one map, they read it in place by residue
+    of its rows (four maps, TmaMaps::a_by_residue): the same bits as the copy (TORCH_WMMAE_A_BY_RESIDUE=0), within the
+    float32 bound, every output written (the pool is NaN-poisoned), A left as it was; the by-residue kernels run
+    exactly where they should."""
+    c = BY_RESIDUE_CASES[case]
+    a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
+    b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
+    if c.wide_row:
+        a[5, ::2] *= 2.0 ** -40
+        a[5, 1::2] *= 2.0 ** 40
+    if c.inf_row:
+        a[7, a.shape[1] // 2] = float("inf")
+    a_before = a.clone()
+    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")  # (the tile GEMMs, which small calls would otherwise not reach)
+    for name, value in c.env.items():
+        monkeypatch.setenv(name, value)
+    kernels = _same_bits_by_switch(monkeypatch, A_BY_RESIDUE_SWITCH, ("default", "0"), a, b, c.method, case,
+                                   deterministic_mode=c.deterministic, exact=not c.atomics_in_any_order,
+                                   inf_rows=(7,) if c.inf_row else ())
+    assert torch.equal(a, a_before)
+    if _sees_sm90_kernels():
+        ran, copied = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
+        assert any(GEMM_KERNEL.search(k) for k in ran) and any(GEMM_KERNEL.search(k) for k in copied), (ran, copied)
+        assert any(BY_RESIDUE_KERNEL.search(k) for k in ran) == c.by_residue, ran
+        # (auto's tf32 GEMM runs after the fp16 one, and returns at once where every tile was fp16-safe)
+        tf32_gemm = c.by_residue and c.method != "fp16" and not c.folds
+        assert any("tf32_kernel_a_by_residue" in k for k in ran) == tf32_gemm, ran
+        assert not any(BY_RESIDUE_KERNEL.search(k) for k in copied), copied
+        assert all(TMA_KERNEL.search(k) or TF32_TMA_KERNEL.search(k) for k in copied if GEMM_KERNEL.search(k)), copied
+        assert any(PREPASS_KERNEL in k for k in ran) == (not c.folds), ran
+
+
 STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
 # The wgmma fp16 GEMM's odd-width instantiations (kOddWidth: the last template argument; kReadBack, the one before
 # the resident pre-pass's, plain or reading back), which stage their rows.
-ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "
+# (And those that read row-major A by residue: B row-major, kReadBack, kOddWidth.)
+ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), true>|"
+                              r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "
                               r"true>")
-ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, true, false, "
+ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), true, true>|"
+                                        r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, true, false, "
                                         r"true>")
 
 

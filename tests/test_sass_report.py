@@ -114,6 +114,9 @@ def _extension_rows():
 WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), (true|false), "
                           r"(true|false), (true|false)>")
 TF32_WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
+# Row-major A read by residue (TMA stages): B row-major, read-back, odd width; tf32: B row-major
+BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false)>")
+TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_a_by_residue<(true|false)>")
 
 
 def test_wgmma_stage_loops_do_not_spill():
@@ -122,12 +125,18 @@ def test_wgmma_stage_loops_do_not_spill():
     with TMA or cp.async stages, in any layout, with and without read-back chunks, for odd widths. (sass.md lists
     the others.)"""
     rows = [r for r in _extension_rows() if r["arch"] == "sm_90a"]
-    checked = {"fp16": 0, "tf32": 0}
+    checked = {"fp16": 0, "tf32": 0, "fp16 by residue": 0, "tf32 by residue": 0}
     for r in rows:
         fp16 = WGMMA_KERNEL.fullmatch(r["kernel"])
         if fp16 and fp16.group(5) == "false":
             checked["fp16"] += 1
             assert r["tensor_core"] >= 6, r
+        elif BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
+            checked["fp16 by residue"] += 1
+            assert r["tensor_core"] >= 6, r
+        elif TF32_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
+            checked["tf32 by residue"] += 1
+            assert r["tensor_core"] >= 12, r
         elif TF32_WGMMA_KERNEL.fullmatch(r["kernel"]):
             checked["tf32"] += 1
             assert r["tensor_core"] >= 12, r  # four k-steps of three products per stage
@@ -136,8 +145,9 @@ def test_wgmma_stage_loops_do_not_spill():
         assert r["loop"] is not None, r
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
     # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back, and with TMA stages
-    # for odd widths, with and without read-back; tf32: no read-back
-    assert checked == {"fp16": 16 + 8, "tf32": 8}
+    # for odd widths, with and without read-back; tf32: no read-back; by residue: B row- or column-major, with and
+    # without read-back and odd widths (fp16), B row- or column-major (tf32)
+    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 8, "tf32 by residue": 2}
 
 
 def test_small_gemm_product_loops_do_not_spill():

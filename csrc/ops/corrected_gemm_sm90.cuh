@@ -4,7 +4,8 @@
 //
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
 //   (a box per warp, an mbarrier per slot) when TMA can read both operands in place, row- or column-major
-//   (kTma), else by cp.async from every thread.
+//   (kTma; a row-major A whose rows one map cannot read, in four maps by residue of its rows: AResidueStageTile),
+//   else by cp.async from every thread.
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
 //   so A's hi/lo never touch shared memory.
@@ -68,6 +69,27 @@ struct StageTile {
     return kTma ? lines8 * 8 * kBoxInner + inner32 * kBoxFloats : lines8 * 8 * kLd + inner32 * 32;
   }
   static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
+  static constexpr bool kByResidue = false;
+};
+
+// A's stage tile where TMA reads a row-major A by residue of its rows (TmaMaps::a_by_residue): box j (lines 32 j ..
+// 32 j + 31) holds rows j, j + 4, ... of the tile (tile_row_of_line), 36 floats each from the 16-byte aligned k0 of
+// the stage, unswizzled, in which the stage's 32 k start at column shift[j] < 4 of the box (encode_fp32_residue_maps).
+// A line's offsets are those of offset plus its box's shift, which the reader adds (a run-time value, the same for
+// a warp's 16 lines); so A's fragments are read a float at a time (2-way bank conflicts, as with lines of 40), and
+// the fold reads a line's 9 aligned float4s (lines 9 chunks of 16 bytes apart: 8 lines in 8 bank groups).
+struct AResidueStageTile {
+  static constexpr int kOuter = kBlockM;
+  static constexpr int kInner = kBlockK;
+  static constexpr int kLd = kBlockK + 4;
+  static constexpr int kBoxLines = 32;
+  static constexpr int kBoxes = kOuter / kBoxLines;
+  static constexpr int kFloats = kOuter * kLd;
+  static constexpr int kBoxFloats = kBoxLines * kLd;
+  static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
+  static constexpr bool kByResidue = true;
+  __device__ static int offset(int line, int inner) { return line * kLd + inner; }
+  static constexpr int shift(int lines8, int inner32) { return lines8 * 8 * kLd + inner32 * 32; }
 };
 
 // B's hi and lo tiles as wgmma reads them, no swizzle: 8x8 core matrices of 128 bytes; core matrices
@@ -149,9 +171,10 @@ struct alignas(16) NextBox {
   int line, z, k_begin, stages;
 };
 
-template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16>
+template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16, bool kAResidues = false>
 struct Config {
-  using A = StageTile<kARowMajor, kBlockM, kBlockK, kTma>;
+  static_assert(!kAResidues || (kARowMajor && kTma), "A by residue: row-major A in TMA stages");
+  using A = std::conditional_t<kAResidues, AResidueStageTile, StageTile<kARowMajor, kBlockM, kBlockK, kTma>>;
   using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
   // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, the output tile and the
   // block's current piece of work, then (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants
@@ -173,10 +196,32 @@ struct Config {
 // The TMA maps of A and B as (inner, outer, batch) in their orientation in global memory (A: (k, m) when
 // row-major, (m, k) when column-major; B: (n, k) / (k, n)), encoded on the host (encode_fp32_operand_map);
 // an operand without its own batch index (no batch, or broadcast) is read at batch coordinate 0.
+// a_by_residue: A is row-major and TMA cannot read its rows as one map (a row stride or start that is not a multiple
+// of 16 bytes: an odd K, a storage offset), so the corrected_gemm_sm90*_kernel_a_by_residue instantiations read them
+// by residue, with AResidueMaps instead of `a`.
 struct TmaMaps {
   CUtensorMap a, b;
-  bool a_batched, b_batched;
+  bool a_batched, b_batched, a_by_residue;
 };
+
+// Row-major A read by residue of its rows (TmaMaps::a_by_residue): map j holds rows j, j + 4, j + 8, ... (4 rows
+// apart: a stride of a multiple of 16 bytes) from a 16-byte aligned start shift[j] floats before row j's first
+// element, so that element (row, k) is at (k + shift[row % 4], row / 4). Each stage loads its 128 rows as four boxes
+// of AResidueStageTile, one per residue. A kernel parameter of those instantiations only (the others' registers
+// turned on the size of TmaMaps).
+struct AResidueMaps {
+  CUtensorMap maps[4];
+  int shift[4];
+};
+
+// Where A is read by residue, the stage's line s (A's fragments and the accumulators' row s) holds the tile's row
+// 4 (s % 32) + s / 32: box j (rows j, j + 4, ...) lands as lines 32 j .. 32 j + 31. So rows r and r + 8 of a thread
+// are output rows 32 apart, and a warp's 16 rows (from a multiple of 16) are output rows 4 apart, all of one box.
+template <bool kAResidues>
+__device__ __forceinline__ int tile_row_of_line(int s) {
+  constexpr int kLines = AResidueStageTile::kBoxLines;
+  return kAResidues ? 4 * (s % kLines) + s / kLines : s;
+}
 
 // Registers per thread of the kernel that runs beside the resident pre-pass (kBesidePrepass): few enough that
 // each scheduler's quarter of the register file has room for the pre-pass's warp (resident_prepass_sm90.cuh).
@@ -207,10 +252,28 @@ __device__ __forceinline__ void stagger_start(int stagger_blocks) {
 // the pre-pass folds it from global memory: the same bits (TMA's zeros past K and past the matrix count for
 // nothing). kKInner: the line runs along the tile's inner dimension (A row-major, B column-major); a thread reads
 // its line's 16-byte chunks, which the 128-byte swizzle spreads over all banks across the 8 lines of a period.
-// Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row.
+// Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row. A by residue
+// (AResidueStageTile): the line's box columns [inner_shift, inner_shift + 32) are its k, of the 36 read as float4s
+// (inner_shift is the same in a warp's 32 lines: no divergence).
 template <class Tile, bool kKInner, class Fold>
-__device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line) {
-  if constexpr (kKInner) {
+__device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line, int inner_shift = 0) {
+  if constexpr (Tile::kByResidue) {
+    constexpr int kChunks = Tile::kLd / 4;
+    float4 v[kChunks];
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) v[q] = *reinterpret_cast<const float4*>(tile + Tile::offset(line, 4 * q));
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      const float e[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int column = 4 * q + j;  // (inside the k for every column but those of the first and last chunk)
+        if ((q > 0 || column >= inner_shift) && (q < kChunks - 1 || column < inner_shift + kBlockK)) {
+          folds[j].include(e[j]);
+        }
+      }
+    }
+  } else if constexpr (kKInner) {
     float4 v[kBlockK / 4];
 #pragma unroll
     for (int q = 0; q < kBlockK / 4; ++q) v[q] = *reinterpret_cast<const float4*>(tile + Tile::offset(line, 4 * q));
@@ -235,7 +298,7 @@ __device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* t
 // NaN, the stages are folded again exactly (see MagnitudeKeys).
 template <class Tile, bool kKInner>
 __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], const float* stages, int first_slot,
-                                                int k_tiles, int line) {
+                                                int k_tiles, int line, int inner_shift = 0) {
   MagnitudeKeys all = keys[0];
 #pragma unroll
   for (int j = 1; j < 4; ++j) all.include(keys[j]);
@@ -244,7 +307,8 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
     MagnitudeBits exact[4] = {MagnitudeBits::none(), MagnitudeBits::none(), MagnitudeBits::none(),
                               MagnitudeBits::none()};
     for (int kt = 0; kt < k_tiles; ++kt) {
-      fold_stage_line<Tile, kKInner>(exact, stages + ((first_slot + kt) & (kStages - 1)) * Tile::kFloats, line);
+      fold_stage_line<Tile, kKInner>(exact, stages + ((first_slot + kt) & (kStages - 1)) * Tile::kFloats, line,
+                                     inner_shift);
     }
     bits = exact[0];
 #pragma unroll
@@ -264,10 +328,14 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
 // hold TMA's zeros, whose products leave a sum from +0 unchanged, so k runs on to a multiple of four. Not inlined:
 // inlined, its registers moved spills into the stage loop of the instantiation with both operands column-major, and
 // changed the other stage loops' registers (ptxas, CUDA 13.0); as a call the stage loops are main's but for one
-// or two equivalent instructions.
-template <class A, class B, bool kARowMajor, bool kBRowMajor>
+// or two equivalent instructions. A by residue (AResidueStageTile): one more argument, AResidueMaps::shift (a
+// parameter pack, so that the others' calls stay as they were); tile row r is line 32 (r % 4) + r / 4, its k from
+// column shift[r % 4], read one float at a time.
+template <class A, class B, bool kARowMajor, bool kBRowMajor, class... AResidueShifts>
 __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const float* stage_b, int first_slot,
-                                                     int k_count, float* origin, std::int64_t n, int rows, int cols) {
+                                                     int k_count, float* origin, std::int64_t n, int rows, int cols,
+                                                     const AResidueShifts*... a_residue_shift) {
+  static_assert(sizeof...(AResidueShifts) == (A::kByResidue ? 1 : 0), "the shifts where A is read by residue");
   constexpr int kRows = 4, kCols = 8, kColGroups = kBlockN / 2 / 4;  // (16 threads across a row of the tile)
   static_assert(kThreads * kRows * kCols * 2 == kBlockM * kBlockN, "one tile in two passes");
   const int c0 = threadIdx.x % kColGroups * 4;
@@ -289,7 +357,12 @@ __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const fl
         float av[kRows][4], bv[4][kCols];  // [row][k], [k][column]
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          if constexpr (kARowMajor) {  // q: a row, four k
+          if constexpr (A::kByResidue) {  // q: a row (r0 % 4 = 0: row r0 + q of residue q), four k
+            const int* const shift[] = {a_residue_shift...};
+            const float* line = sa + A::offset(A::kBoxLines * q + r0 / 4, shift[0][q] + c);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) av[q][e] = line[e];
+          } else if constexpr (kARowMajor) {  // q: a row, four k
             const float4 v = f4(sa + A::offset(r0 + q, c));
 #pragma unroll
             for (int e = 0; e < 4; ++e) av[q][e] = at(v, e);
@@ -354,13 +427,17 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // tiles of "auto" too, after the fp16 GEMM). kOddWidth: for outputs of an odd width, whose rows are not 8-byte
 // aligned: the flush's fast path stages them through shared memory, for every kind of chunk (a separate
 // instantiation, so that the others' code stays as it was: with the staging in every instantiation, aligned shapes
-// were 1-4% slower, H200).
-template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass, bool kOddWidth>
-__device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps) {
+// were 1-4% slower, H200). kAResidues: row-major A read by TMA by residue of its rows (TmaMaps::a_by_residue), its
+// stage lines in the order of tile_row_of_line, which the line scales and the flush follow.
+template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass, bool kOddWidth,
+          bool kAResidues = false>
+__device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps,
+                                                    const AResidueMaps* a_residues = nullptr) {
   static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
   static_assert(!kOddWidth || (kM == Method::fp16 && kTma && !kBesidePrepass && staging_fits<kM>()),
                 "odd widths: the fp16 instantiations with TMA stages (plain or reading back) only");
+  static_assert(!kAResidues || (kARowMajor && kTma && !kBesidePrepass), "A by residue: row-major A in TMA stages");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
   // auto's tf32 GEMM after the fp16 one, the next call's first kernel after either; or as each block starts its last
@@ -378,13 +455,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
   // stages the K-major split measured faster (MN-major 4-8% slower). tf32 tiles are K-major.
   constexpr bool kBMnMajor = kBRowMajor && kTma && !kTf32;
-  using Cfg = Config<kARowMajor, kBRowMajor, kTma, kM>;
+  using Cfg = Config<kARowMajor, kBRowMajor, kTma, kM, kAResidues>;
   using A = typename Cfg::A;
   using B = typename Cfg::B;
-  // TMA: one ring slot's A tile and its B tile have the same size, so a box's address is its slot-0 address
-  // plus slot x this.
-  static_assert(!kTma || A::kFloats == B::kFloats, "A's and B's TMA stage tiles are the same size");
-  constexpr std::uint32_t kSlotBytes = sizeof(float) * A::kFloats;
   // A TMA stage is A's boxes, then B's (see StageTile), at most eight: box j is issued by lane 0 of warp j,
   // right after the warp's first products of the stage, while it waits for them. (Thread 0 issued them all
   // right after the stage's barrier: about 75 instructions for five boxes, which delayed warpgroup 0's
@@ -449,13 +522,16 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // StageTile::shift and of whole core matrices: kept in registers, so that each shared-memory access is a
   // register, the stage's or buffer's base and a constant (ptxas recomputed them from the lane index at
   // every stage). A: element (r + 8 j, k + 8 h + 16 s) of its fragment, at a_elem_off[s][h] (row-major) or
-  // a_elem_off[j][k - 2 quad] (column-major, k's pairs read one by one).
+  // a_elem_off[j][k - 2 quad] (column-major, k's pairs read one by one). By residue, the thread's lines row0 and
+  // row0 + 8 are of box row0 / 32, whose k start at its column a_line_shift (see AResidueStageTile).
+  int a_line_shift = 0;
+  if constexpr (kAResidues) a_line_shift = a_residues->shift[row0 / AResidueStageTile::kBoxLines];
   int a_elem_off[2][2];
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      a_elem_off[p][q] = sizeof(float) * (kARowMajor ? A::offset(row0, 2 * quad + 8 * q + 16 * p)
+      a_elem_off[p][q] = sizeof(float) * (kARowMajor ? A::offset(row0, a_line_shift + 2 * quad + 8 * q + 16 * p)
                                                 : A::offset(2 * quad + q, row0 + 8 * p));
     }
   }
@@ -481,7 +557,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   int a_tf32_off[8], b_tf32_off[4];
 #pragma unroll
   for (int x = 0; x < 8; ++x) {
-    a_tf32_off[x] = sizeof(float) * (kARowMajor ? A::offset(row0, quad + 4 * (x % 2) + 8 * (x / 2))
+    a_tf32_off[x] = sizeof(float) * (kARowMajor ? A::offset(row0, a_line_shift + quad + 4 * (x % 2) + 8 * (x / 2))
                                                 : A::offset(quad + 4 * (x / 2 % 2), row0 + 8 * (x % 2)));
   }
 #pragma unroll
@@ -532,11 +608,24 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // operand has one box per stage).
     const bool box_of_a = warp < A::kBoxes;
     const int box = box_of_a ? warp : warp - A::kBoxes;
-    const CUtensorMap* const box_map = box_of_a ? &maps.a : &maps.b;
+    // (By residue: A's box j is map j's, at outer coordinate m0 / 4; see AResidueStageTile.)
+    const CUtensorMap* box_map = box_of_a ? &maps.a : &maps.b;
+    if constexpr (kAResidues) {
+      if (box_of_a) box_map = &a_residues->maps[box];
+    }
     const unsigned box_bytes = box_of_a ? A::kBoxBytes : B::kBoxBytes;
+    // (A ring slot's A and B tiles differ in size where A is read by residue.)
+    const std::uint32_t box_slot_bytes = sizeof(float) * (box_of_a ? A::kFloats : B::kFloats);
     const bool box_k_inner = box_of_a ? kARowMajor : !kBRowMajor;
+    // The box's outer coordinate in the tile at (tile_m0, tile_n0).
+    auto box_line_of = [&](std::int64_t tile_m0, std::int64_t tile_n0) {
+      if constexpr (kAResidues) {
+        if (box_of_a) return static_cast<int>(tile_m0 / 4);
+      }
+      return static_cast<int>(box_of_a ? tile_m0 : tile_n0) + box * 32;
+    };
     // (Broadcast: the same in every lane, which the compiler cannot tell for values from shared memory.)
-    const int box_line = __shfl_sync(0xffffffffu, static_cast<int>(box_of_a ? m0 : n0) + box * 32, 0);
+    const int box_line = __shfl_sync(0xffffffffu, box_line_of(m0, n0), 0);
     const bool box_batched = box_of_a ? maps.a_batched : maps.b_batched;
     const int box_z = __shfl_sync(0xffffffffu, box_batched ? static_cast<int>(z) : 0, 0);
     const std::uint32_t box_dst = box_of_a ? smem_address(stage_a + box * A::kBoxFloats)
@@ -548,7 +637,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int slot = slot_of(kt);
       const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
       mbarrier_arrive_expect_tx(full, box_bytes);
-      tma_load_3d(box_dst + slot * kSlotBytes, box_map, full, box_k_inner ? k0 : line, box_k_inner ? line : k0,
+      tma_load_3d(box_dst + slot * box_slot_bytes, box_map, full, box_k_inner ? k0 : line, box_k_inner ? line : k0,
                   batch_z);
     };
     // Box `warp` of stage kt of this tile (a no-op in lanes other than 0 and in warps without a box).
@@ -596,7 +685,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           std::int64_t next_m0, next_n0;
           tile_origin(m, n, args.tile_group_rows, next.tile, next_m0, next_n0);
           const std::int64_t next_stages = next.stage_end - next.stage_begin;
-          box_next = NextBox{static_cast<int>(box_of_a ? next_m0 : next_n0) + box * 32,
+          box_next = NextBox{box_line_of(next_m0, next_n0),
                              box_batched ? static_cast<int>(next.z) : 0, static_cast<int>(next.stage_begin * kBlockK),
                              static_cast<int>(min(static_cast<std::int64_t>(kStages - 1), next_stages))};
         }
@@ -622,22 +711,33 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int r = threadIdx.x;  // (A's rows in warps 0-3, B's columns in warps 4-7: no divergence)
       MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
                                MagnitudeKeys::none()};
+      int r_shift = 0;  // (by residue: line r's first k in its box, see AResidueStageTile)
+      if constexpr (kAResidues) r_shift = r < kBlockM ? a_residues->shift[r / AResidueStageTile::kBoxLines] : 0;
       for (int s = 0; s < k_tiles; ++s) {
         wait_tma_stage(s);
         if (r < kBlockM) {
-          fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r);
+          fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r, r_shift);
         } else {
           fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM);
         }
       }
       std::int64_t index;  // (unused: the ranges are this tile's own)
-      const bool in_matrix = tile_line_index(args, z, m0, n0, r, index);
+      const bool in_matrix =
+          tile_line_index(args, z, m0, n0, kAResidues && r < kBlockM ? tile_row_of_line<kAResidues>(r) : r, index);
       const ExponentRange range =
-          r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r)
+          r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r, r_shift)
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
       return line_scales_from<kM>(scales, in_matrix, range);
     };
-    const TileLines lines = tiles_fold() ? fold_line_scales() : load_line_scales<kM>(args, scales, z, m0, n0);
+    auto load_scales = [&]() {
+      if constexpr (kAResidues) {
+        const int r = threadIdx.x;  // (thread r's scale slot: line r of the stage)
+        return load_line_scales<kM>(args, scales, z, m0, n0, r < kBlockM ? tile_row_of_line<true>(r) : r);
+      } else {
+        return load_line_scales<kM>(args, scales, z, m0, n0);
+      }
+    };
+    const TileLines lines = tiles_fold() ? fold_line_scales() : load_scales();
     // The tile's output: its first element, and its rows and columns inside the matrix.
     float* const origin = args.c + (z * m + m0) * n + n0;
     const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
@@ -647,8 +747,14 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
       if constexpr (kTileRangesCode) {  // (compiled only there)
         if (tiles_fold()) {  // (every stage of the tile has landed: fold_line_scales)
-          fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
-                                                             static_cast<int>(k_end - k_begin), origin, n, rows, cols);
+          if constexpr (kAResidues) {
+            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
+                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
+                                                               a_residues->shift);
+          } else {
+            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
+                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols);
+          }
         }
       }
       if (!kTf32 && !tiles_fold() && threadIdx.x == 0) *args.tf32_tiles_pending = 1;
@@ -789,7 +895,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int j = i & 1, h = i >> 1;  // rows 8 j below row0, k 8 h further
-          if constexpr (kARowMajor) {
+          if constexpr (A::kByResidue) {  // (an odd a_line_shift leaves the pair 4-byte aligned only)
+            const unsigned char* p = src + a_elem_off[s][h] + sizeof(float) * A::shift(j, 0);
+            v[i] = make_float2(*reinterpret_cast<const float*>(p), *reinterpret_cast<const float*>(p + sizeof(float)));
+          } else if constexpr (kARowMajor) {
             v[i] = *reinterpret_cast<const float2*>(src + a_elem_off[s][h] + sizeof(float) * A::shift(j, 0));
           } else {
             const int step = sizeof(float) * A::shift(h + 2 * s, 0);
@@ -848,10 +957,12 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // store requests and the same DRAM bytes).
     auto flush = [&](bool first_chunk, bool last_chunk, unsigned char* staging) {
       const OutputTile tile = *out_tile;
-      float* const out_row[2] = {tile.origin + row0 * n + 2 * quad, tile.origin + (row0 + 8) * n + 2 * quad};
+      // (The accumulators' rows row0 and row0 + 8 are the stage's lines; their rows in the tile, tile_row_of_line.)
+      const int out_row0 = tile_row_of_line<kAResidues>(row0), out_row8 = tile_row_of_line<kAResidues>(row0 + 8);
+      float* const out_row[2] = {tile.origin + out_row0 * n + 2 * quad, tile.origin + out_row8 * n + 2 * quad};
       const int a_shift[2] = {scales.a_shift[row0], scales.a_shift[row0 + 8]};
       const int* b_shift = scales.b_shift + 2 * quad;
-      const bool row_in[2] = {row0 < tile.rows, row0 + 8 < tile.rows};
+      const bool row_in[2] = {out_row0 < tile.rows, out_row8 < tile.rows};
       const int cols_in = tile.cols - 2 * quad;  // column offsets j < cols_in are inside the output
       // The results of accumulator elements x and x + 1 (row r, columns j and j + 1 from 2 * quad), for the fast
       // path and the staged one. (nvcc's front end takes corr for "used before its value is set": only wgmma's
@@ -888,9 +999,13 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           // Row i's 8-column group g of the round lies at 8 (g ^ (i % 4)) in its 32 floats, so that a half warp's
           // 8-byte writes (4 rows, 4 lanes each) and a warp's reads along a row touch 32 different banks.
           float* const rows_of_warp = reinterpret_cast<float*>(staging) + warp * kStagedRows * kStagedCols;
+          // (By residue, the warp's rows are tile rows kRowStep apart from warp_out_row: see tile_row_of_line.)
           const int warp_row = row0 - lane / 4;
-          const int rows_in = tile.rows - warp_row;  // the warp's rows i < rows_in are inside the output
-          float* const warp_out = tile.origin + static_cast<std::int64_t>(warp_row) * n + lane;
+          constexpr int kRowStep = kAResidues ? 4 : 1;
+          const int warp_out_row = tile_row_of_line<kAResidues>(warp_row);
+          // the warp's rows i < rows_in are inside the output
+          const int rows_in = kAResidues ? (tile.rows - warp_out_row + kRowStep - 1) / kRowStep : tile.rows - warp_row;
+          float* const warp_out = tile.origin + static_cast<std::int64_t>(warp_out_row) * n + lane;
           // The earlier partial sums, all four rounds' at once, go to hh (free until the next hi*hi product
           // overwrites it), so that the loads are in flight together. (A round ahead instead, with fewer registers,
           // the wait for each round's loads made the flush slower than element by element: H200, 8 x 1025^2 x 4096
@@ -904,7 +1019,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
               for (int c = 0; c < kRounds; ++c) {
                 hh[kStagedRows * c + i] = i < rows_in && kStagedCols * c + lane < tile.cols ? in[kStagedCols * c] : 0.0f;
               }
-              in += n;
+              in += kRowStep * n;
             }
           }
           // After a chunk that is not the piece's last, both warpgroups' products are complete only past a block
@@ -937,7 +1052,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
                   *out = v;
                 }
               }
-              out += n;
+              out += kRowStep * n;
             }
             __syncwarp();  // (the next round rewrites the warp's staging)
           }
@@ -1239,6 +1354,21 @@ __global__ void __maxnreg__(kBesidePrepass ? kBesidePrepassGemmRegisters : 255)
 template <bool kARowMajor, bool kBRowMajor, bool kTma>
 __global__ void __maxnreg__(255) corrected_gemm_sm90_tf32_kernel(GemmArgs args, const __grid_constant__ TmaMaps maps) {
   corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, kTma, false, false, false>(args, maps);
+}
+
+// The same kernels for row-major A read by residue (TmaMaps::a_by_residue): TMA stages, not beside the pre-pass.
+template <bool kBRowMajor, bool kReadBack, bool kOddWidth>
+__global__ void __maxnreg__(255)
+    corrected_gemm_sm90_kernel_a_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
+                                            const __grid_constant__ AResidueMaps a_residues) {
+  corrected_gemm_sm90<Method::fp16, true, kBRowMajor, true, kReadBack, false, kOddWidth, true>(args, maps, &a_residues);
+}
+
+template <bool kBRowMajor>
+__global__ void __maxnreg__(255)
+    corrected_gemm_sm90_tf32_kernel_a_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
+                                                 const __grid_constant__ AResidueMaps a_residues) {
+  corrected_gemm_sm90<Method::tf32, true, kBRowMajor, true, false, false, false, true>(args, maps, &a_residues);
 }
 
 }  // namespace sm90

@@ -61,6 +61,7 @@
 namespace wmmae_ops {
 namespace sm90 {
 struct TmaMaps;  // corrected_gemm_sm90.cuh
+struct AResidueMaps;
 }  // namespace sm90
 namespace {
 
@@ -474,13 +475,15 @@ __device__ __forceinline__ bool load_tile_line_range(const GemmArgs& args, std::
   return true;
 }
 
-// line_scales_from the pre-pass's line ranges of the tile at (m0, n0) of batch entry z. (A branch, not an empty
-// range, around the use: the GEMMs' register allocation turned on the difference.)
+// line_scales_from the pre-pass's line ranges of the tile at (m0, n0) of batch entry z: thread r's scale slot takes
+// line `line` of the tile (see tile_line_index): r, except where the wgmma GEMM reads A by residue (its stage lines
+// are the tile's rows in another order: tile_row_of_line). (A branch, not an empty range, around the use: the GEMMs'
+// register allocation turned on the difference.)
 template <Method M>
 __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
-                                             std::int64_t m0, std::int64_t n0) {
+                                             std::int64_t m0, std::int64_t n0, int line = static_cast<int>(threadIdx.x)) {
   ExponentRange range;
-  const bool in_matrix = load_tile_line_range(args, z, m0, n0, threadIdx.x, range);
+  const bool in_matrix = load_tile_line_range(args, z, m0, n0, line, range);
   return line_scales_from<M>(ls, in_matrix, range);
 }
 
@@ -631,7 +634,7 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 // an fp16 GEMM that folds its own line ranges, any kernel (that GEMM waits for it before its first loads), which it
 // may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps, which
 // the wgmma GEMMs read with (the call encodes them once: corrected_matmul_cuda's tma_reads), or null where TMA cannot
-// read an operand: then they copy their stages with cp.async.
+// read an operand: then they copy their stages with cp.async. a_residue_maps: where tma_maps->a_by_residue, A's maps.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -640,6 +643,7 @@ struct GemmLaunch {
   int sm_count;
   const sm90::TmaMaps* tma_maps;
   unsigned persistent_batch_slots;  // the grid's z extent for the wgmma fp16 kernel with TMA stages, where > 0
+  const sm90::AResidueMaps* a_residue_maps;
 };
 
 // Calls f(std::bool_constant<x>{}, std::bool_constant<y>{}): picks a kernel instantiation from two run-time flags.
@@ -683,9 +687,11 @@ bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable) {
   return !a_read_once && !b_read_once;
 }
 
-// Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps.
+// Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps; with a_by_residue (not null), a
+// row-major A that one map cannot read (an odd K, a storage offset) by residue of its rows instead, into
+// *a_by_residue, where those maps encode (TmaMaps::a_by_residue).
 template <bool kARowMajor, bool kBRowMajor>
-TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
+TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::AResidueMaps* a_by_residue) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
   using Tf32Cfg = sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32>;
   static_assert(std::is_same_v<typename Cfg::A, typename Tf32Cfg::A> &&
@@ -699,10 +705,17 @@ TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
   const std::int64_t b_line_stride = kBRowMajor ? args.b_ks : args.b_cs;
   const std::int64_t a_bs = args.batch.ndim == 1 ? args.batch.a_stride[0] : 0;
   const std::int64_t b_bs = args.batch.ndim == 1 ? args.batch.b_stride[0] : 0;
-  const bool a = a_inner_stride == 1 &&
-                 sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, kARowMajor ? args.k : args.m,
-                                               kARowMajor ? args.m : args.k, a_line_stride, args.num_batches, a_bs,
-                                               Cfg::A::kOuter);
+  bool a = a_inner_stride == 1 &&
+           sm90::encode_fp32_operand_map(&maps->a, &maps->a_batched, args.a, kARowMajor ? args.k : args.m,
+                                         kARowMajor ? args.m : args.k, a_line_stride, args.num_batches, a_bs,
+                                         Cfg::A::kOuter);
+  maps->a_by_residue = false;
+  if (kARowMajor && !a && a_by_residue != nullptr && a_inner_stride == 1) {
+    a = maps->a_by_residue =
+        sm90::encode_fp32_residue_maps(a_by_residue->maps, a_by_residue->shift, &maps->a_batched, args.a, args.k,
+                                       args.m, a_line_stride, args.num_batches, a_bs, sm90::AResidueStageTile::kLd,
+                                       sm90::AResidueStageTile::kBoxLines);
+  }
   const bool b = b_inner_stride == 1 &&
                  sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
                                                kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
@@ -712,9 +725,12 @@ TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps) {
 
 // tma_operand_maps for the operands' layout (a_row, b_row: row-major). The wgmma kernel's fp32 stages come by TMA
 // where TMA can read both operands, with these maps; otherwise by cp.async (also where KernelChoice::sm90_tma is off).
-TmaReadable encode_operand_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps) {
-  return a_row ? (b_row ? tma_operand_maps<true, true>(args, maps) : tma_operand_maps<true, false>(args, maps))
-               : (b_row ? tma_operand_maps<false, true>(args, maps) : tma_operand_maps<false, false>(args, maps));
+TmaReadable encode_operand_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps,
+                                sm90::AResidueMaps* a_by_residue) {
+  return a_row ? (b_row ? tma_operand_maps<true, true>(args, maps, a_by_residue)
+                        : tma_operand_maps<true, false>(args, maps, a_by_residue))
+               : (b_row ? tma_operand_maps<false, true>(args, maps, a_by_residue)
+                        : tma_operand_maps<false, false>(args, maps, a_by_residue));
 }
 #endif
 
@@ -878,18 +894,31 @@ bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs
 // pieces, this kernel takes them whole), in one wave's batch slots for auto (see tf32_exit_grid).
 template <Method M, bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
+  // (A by residue: row-major A in TMA stages only, never beside the resident pre-pass.)
+  constexpr bool kResiduesPossible = kARowMajor && kTma;
+  [[maybe_unused]] const bool a_by_residue = kResiduesPossible && maps.a_by_residue;
   if constexpr (M == Method::tf32) {
     GemmArgs tf32_args = args;
     tf32_args.stream_k_blocks = 0;
     GemmLaunch tf32_launch = launch;
     if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
-    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, kTma>>(
-        sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes, tf32_launch, tf32_args, maps);
+    constexpr std::size_t kSmem = sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes;
+    if constexpr (kResiduesPossible) {
+      if (a_by_residue) {
+        launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_a_by_residue<kBRowMajor>>(
+            sm90::Config<true, kBRowMajor, true, Method::tf32, true>::kSmemBytes, tf32_launch, tf32_args, maps,
+            *launch.a_residue_maps);
+        return;
+      }
+    }
+    launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel<kARowMajor, kBRowMajor, kTma>>(kSmem, tf32_launch,
+                                                                                          tf32_args, maps);
   } else {
     using Cfg = sm90::Config<kARowMajor, kBRowMajor, kTma>;
     GemmLaunch fp16_launch = launch;
     if constexpr (kTma) {
       if (launch.persistent_batch_slots > 0) fp16_launch.grid.z = launch.persistent_batch_slots;
+      TORCH_INTERNAL_ASSERT(!(a_by_residue && args.prepass_items_done != nullptr), "A by residue beside the pre-pass");
       if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
         constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true, false>;
         prefer_max_shared_carveout<kernel>();
@@ -914,6 +943,14 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const bool staged = kTma && staged_flush_applies(args);
     with_flags(sm90_read_back(args), staged, [&](auto read_back, auto odd_width) {
       constexpr bool kReadBack = decltype(read_back)::value, kOddWidth = decltype(odd_width)::value;
+      if constexpr (kResiduesPossible) {
+        if (a_by_residue) {
+          launch_with_smem<sm90::corrected_gemm_sm90_kernel_a_by_residue<kBRowMajor, kReadBack, kOddWidth>>(
+              sm90::Config<true, kBRowMajor, true, Method::fp16, true>::kSmemBytes, fp16_launch,
+              fp16_args, maps, *launch.a_residue_maps);
+          return;
+        }
+      }
       if constexpr (kTma || !kOddWidth) {
         launch_with_smem<sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, kTma, kReadBack, false, kOddWidth>>(
             Cfg::kSmemBytes, fp16_launch, fp16_args, maps);
@@ -963,7 +1000,8 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
-                 bool overlaps_previous, const KernelChoice& kernels, int sm_count, const sm90::TmaMaps* tma_maps) {
+                 bool overlaps_previous, const KernelChoice& kernels, int sm_count, const sm90::TmaMaps* tma_maps,
+                 const sm90::AResidueMaps* a_residue_maps = nullptr) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
@@ -971,7 +1009,8 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
                                    : dim3(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.k_splits),
                                           static_cast<unsigned>(plan.batch_slots)),
                           stream, overlaps_previous, kernels, sm_count, tma_maps,
-                          static_cast<unsigned>(M == Method::fp16 && !stream_k ? plan.persistent_batch_slots : 0)};
+                          static_cast<unsigned>(M == Method::fp16 && !stream_k ? plan.persistent_batch_slots : 0),
+                          a_residue_maps};
   with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
     launch_gemm_variant<M, decltype(a_row)::value, decltype(b_row)::value>(args, launch);
   });
@@ -990,6 +1029,17 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // TORCH_WMMAE_TMA_COPIES=0 turns the copies off (the outputs are the same bits).
 bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
   return kernels.sm90_tma && args.batch.ndim <= 1 && !env_is("TORCH_WMMAE_TMA_COPIES", "0");
+}
+
+// Where the tile GEMMs would read a copy of a row-major A that one TMA map cannot read (tma_copies_apply), they read
+// it in place by residue of its rows instead (TmaMaps::a_by_residue; encode_fp32_residue_maps says where the maps
+// encode): calls without a batch (one batch entry), unless TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy (the outputs are
+// the same bits). The copy costs A's size in memory and its time; by residue, the kernel reads 36 floats of each row
+// per stage and A's fragments a float at a time. H200, session 102, us per call back to back, auto, by residue / copy
+// / K rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280, 2048^2 x 2047 142 / 151 / 138,
+// 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360.
+bool a_by_residue_applies(const GemmArgs& args) {
+  return args.num_batches == 1 && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
 }
 
 // Whether a call runs the small GEMM (corrected_gemm_small.cuh) instead of the tile GEMMs: fp16 and auto where K fits
@@ -1278,11 +1328,15 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // A's and B's TMA maps, encoded at most once per call, where a choice below or the wgmma GEMMs ask whether TMA can
   // read the operands; the resident pre-pass and both GEMMs read with them (the maps do not depend on the method).
   sm90::TmaMaps gemm_tma_maps{};
+  sm90::AResidueMaps gemm_a_residue_maps{};  // (where gemm_tma_maps.a_by_residue)
   std::optional<TmaReadable> tma_readable;  // (per operand: the copies below take those that TMA cannot read)
+  bool read_a_by_residue = false;           // (where the copies below would copy A: a_by_residue_applies)
   const auto tma_reads = [&] {
 #ifdef WMMAE_HAS_SM90A
     if (!tma_readable) {
-      tma_readable = kernels.sm90_tma ? encode_operand_maps(args, a_row, b_row, &gemm_tma_maps) : TmaReadable{};
+      tma_readable = kernels.sm90_tma ? encode_operand_maps(args, a_row, b_row, &gemm_tma_maps,
+                                                            read_a_by_residue ? &gemm_a_residue_maps : nullptr)
+                                      : TmaReadable{};
     }
     return tma_readable->a && tma_readable->b;
 #else
@@ -1307,6 +1361,11 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   }
 #ifdef WMMAE_HAS_SM90A
   if (!tma_reads() && tile_gemms_read_copies()) {
+    if (!tma_readable->a && a_row && a_by_residue_applies(args)) {  // A by residue where its maps encode, not copied
+      read_a_by_residue = true;
+      tma_readable.reset();
+      tma_reads();
+    }
     if (!tma_readable->a) a = tma_readable_copy(a, a_row);
     if (!tma_readable->b) b = tma_readable_copy(b, b_row);
     replan_if_copied();
@@ -1328,10 +1387,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (args.tile_line_ranges) {
     // The GEMM reads A and B and writes the output, nothing else: no workspace to zero, no other kernel. It may
     // start while the kernel before it runs, and waits for it before its first loads.
-    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, true, kernels, sm_count, &gemm_tma_maps);
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, true, kernels, sm_count, &gemm_tma_maps,
+                              &gemm_a_residue_maps);
     return out;
   }
-  const bool resident = resident_prepass_applies(args, kernels) && tma_reads();
+  // (The resident pre-pass reads A with its one map: not where A is read by residue.)
+  const bool resident = resident_prepass_applies(args, kernels) && tma_reads() && !gemm_tma_maps.a_by_residue;
 #else
   const bool resident = false;
 #endif
@@ -1371,13 +1432,14 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   }
   if (method != Method::tf32) {
     // (It overlaps the pre-pass, which it waits for before its first tile's scales.)
-    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps);
+    launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps,
+                              &gemm_a_residue_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
   // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.
   if (method != Method::fp16) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
-                              kernels, sm_count, gemm_maps);
+                              kernels, sm_count, gemm_maps, &gemm_a_residue_maps);
     launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split
   }
   return out;

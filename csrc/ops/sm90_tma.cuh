@@ -81,13 +81,15 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // The map of an fp32 operand whose inner dimension is contiguous, as (inner, outer, batch), in boxes of 32
-// inner elements (128 bytes) x box_outer lines with the 128-byte swizzle; zeros outside. Strides in elements.
+// inner elements (128 bytes) x box_outer lines with the 128-byte swizzle (or box_inner elements, a multiple of 4,
+// with `swizzle`); zeros outside. Strides in elements.
 // *batched is false when the map has one batch index only (no batch, or a broadcast operand: stride 0).
 // Returns false where TMA cannot read the operand in place (alignment, strides, sizes); the caller then
 // copies with cp.async instead.
 inline bool encode_fp32_operand_map(CUtensorMap* map, bool* batched, const float* base, std::int64_t inner,
                                     std::int64_t outer, std::int64_t outer_stride, std::int64_t batches,
-                                    std::int64_t batch_stride, std::uint32_t box_outer) {
+                                    std::int64_t batch_stride, std::uint32_t box_outer, std::uint32_t box_inner = 32,
+                                    CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   constexpr std::int64_t kMaxCoordinate = 0x7fffffff;  // box coordinates are 32-bit signed
   constexpr std::int64_t kStrideAlign = 16 / sizeof(float);  // global strides: multiples of 16 bytes
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -102,11 +104,40 @@ inline bool encode_fp32_operand_map(CUtensorMap* map, bool* batched, const float
   const cuuint64_t byte_strides[2] = {
       static_cast<cuuint64_t>(outer_stride) * sizeof(float),
       static_cast<cuuint64_t>(*batched ? batch_stride : outer_stride * outer) * sizeof(float)};
-  const cuuint32_t box[3] = {32, box_outer, 1};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(base), dims, byte_strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The four maps of an fp32 operand whose lines TMA cannot read as one map (a line stride or start that is not a
+// multiple of 16 bytes), by residue of the line index (see TmaMaps::a_by_residue): map j holds lines j, j + 4, ...
+// (4 line strides apart: a multiple of 16 bytes) from line j's start rounded down to 16 bytes, shift[j] floats
+// before it, with an inner extent of inner + shift[j] (so that elements past a line's end still arrive as zeros).
+// Element e of line j + 4 i is at (e + shift[j], i). A box must start 16-byte aligned in the inner dimension (boxes
+// at e + shift[j] faulted with an illegal instruction: H200, session 101), so the kernel loads inner elements
+// [e, e + 32) from a box at e that is box_inner >= 35 wide, unswizzled, and reads them from its column shift[j].
+// False where a map cannot be encoded, and for fewer than 4 lines (a residue without lines would have a map past
+// the operand's end).
+inline bool encode_fp32_residue_maps(CUtensorMap maps[4], int shift[4], bool* batched, const float* base,
+                                     std::int64_t inner, std::int64_t outer, std::int64_t outer_stride,
+                                     std::int64_t batches, std::int64_t batch_stride, std::uint32_t box_inner,
+                                     std::uint32_t box_outer) {
+  constexpr int kResidues = 4;
+  if (outer < kResidues || outer_stride <= 0) return false;
+  for (int j = 0; j < kResidues; ++j) {
+    const float* line = base + j * outer_stride;
+    const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(line);
+    if (address % sizeof(float) != 0) return false;
+    shift[j] = static_cast<int>(address % 16 / sizeof(float));
+    if (!encode_fp32_operand_map(&maps[j], batched, line - shift[j], inner + shift[j],
+                                 (outer - j + kResidues - 1) / kResidues, kResidues * outer_stride, batches,
+                                 batch_stride, box_outer, box_inner, CU_TENSOR_MAP_SWIZZLE_NONE)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace sm90

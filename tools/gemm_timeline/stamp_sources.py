@@ -96,7 +96,7 @@ EDITS = [
      f"      if (*args.tf32_tiles_pending == 0) {{ timeline_kernel({TF32_BASE}, 3, timeline_now()); return; }}\n"),
     _after(_GEMM, "    const std::int64_t z = piece.z;\n", "    ++timeline_pieces;\n    " + _PIECE.format(0)),
     _after(_GEMM, "    } else {\n      wait_for_prior_grid();\n    }\n", "    " + _PIECE.format(1)),
-    _after(_GEMM, ": load_line_scales<kM>(args, scales, z, m0, n0);\n", "    " + _PIECE.format(2)),
+    _after(_GEMM, ": load_scales();\n", "    " + _PIECE.format(2)),
     _after(_GEMM, "      stage_ring_prologue<kStages>(k_tiles, issue_stage);\n    }\n", "    " + _PIECE.format(3)),
     # (A piece of several chunks stamps its last chunk's loop and flush.)
     (_GEMM,
