@@ -2,8 +2,9 @@
 
 TMA reads an operand in place only where its start and line strides are multiples of 16 bytes; an odd K or N, or a
 storage offset, breaks that. corrected_matmul then chooses between the small GEMM, the tile GEMMs reading copies
-that TMA can read, and (for an odd N, whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width
-instantiation, which stages its output rows through shared memory (README, Performance). Each row times the default
+that TMA can read or (a row-major A without a batch) reading A in place by residue of its rows, and (for an odd N,
+whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width instantiation, which stages its output rows
+through shared memory (README, Performance). Each row times the default
 and the paths that its environment switches force, in one process (the switches are read at every call), rounds
 rotated; each time is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead).
 Inputs are U(-1, 1) and rotate as in the main benchmark (common.inputs_for_rotation). Writes
@@ -25,20 +26,24 @@ from common import header, inputs_for_rotation, loop_ms, write_results
 # beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd N with long K: split-K (4097^3),
 # stream-K (1025^2 x 4096, 256 x 2049 x 4096) and chunks read back (8 x 1025^2 x 2048), whose atomics and chunks are
 # staged too, and split-K on cp.async stages (128 x 4097 x 4096: tma_copies_pay), which have no odd-width
-# instantiation; odd K (A's lines unaligned) and an odd K and N; A one float past 16 bytes; an aligned control.
+# instantiation; odd K (A's lines unaligned: read by residue) and an odd K and N; A one float past 16 bytes; an
+# aligned control.
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
           (1, 1025, 1025, 4096, 0), (1, 256, 2049, 4096, 0), (8, 1025, 1025, 2048, 0),
           (1, 1024, 1024, 99, 0), (1, 2048, 2048, 50, 0), (1, 4096, 4096, 33, 0), (1, 4096, 4096, 64, 1),
+          (1, 2048, 2048, 2047, 0), (1, 8192, 8192, 8191, 0),
           (1, 128, 4097, 4096, 0), (1, 4096, 4096, 64, 0)]
 # The paths: the default, the tile GEMMs (never the small GEMM) with their odd-width staging and with element-by-element
-# stores, and the tile GEMMs without the copies (cp.async stages).
-SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_TMA_COPIES")
+# stores, the tile GEMMs reading a copy of A where they would read it by residue, and the tile GEMMs without the
+# copies (cp.async stages).
+SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_A_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES")
 VARIANTS = {
     "default_us": {},
     "tile_staged_us": {"TORCH_WMMAE_SMALL_GEMM": "0"},
     "tile_element_stores_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_STAGED_FLUSH": "0"},
+    "tile_a_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_A_BY_RESIDUE": "0"},
     "tile_cp_async_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_TMA_COPIES": "0"},
 }
 COLUMNS = ["batch", "m", "n", "k", "a_offset", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
