@@ -268,6 +268,35 @@ def cuda_caching_allocator_on() -> bool:
     return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
 
 
+# Memory pools that tests made, each kept until no tensor allocated from it is alive (_release_idle_pools). Tests keep
+# their outputs past the pool's block (a `with` around the call, the checks after it), so a pool dropped at the end
+# of its block would be destroyed while its blocks are still in use. Workers of whole-file GPU runs died now and then
+# with a segmentation fault in the caching allocator or the profiler (sessions 96-103), always in small-GEMM tests,
+# which keep six such outputs each: that destruction path is the suspect, and it is no longer taken.
+_POOLS_IN_USE: list = []
+
+
+def keep_pool_until_idle(pool: "torch.cuda.MemPool") -> "torch.cuda.MemPool":
+    """Keeps `pool` alive until none of its blocks holds a tensor (see _POOLS_IN_USE); returns it."""
+    _POOLS_IN_USE.append(pool)
+    return pool
+
+
+def _pool_has_live_blocks(pool) -> bool:
+    return any(block["state"] != "inactive" for segment in pool.snapshot(include_traces=False)
+               for block in segment["blocks"])
+
+
+@pytest.fixture(autouse=True)
+def _release_idle_pools():
+    """After each test, the kept pools whose tensors are all gone are released (a failed test's frames may still
+    hold some: those pools wait for a later test)."""
+    yield
+    if _POOLS_IN_USE:
+        gc.collect()
+        _POOLS_IN_USE[:] = [pool for pool in _POOLS_IN_USE if _pool_has_live_blocks(pool)]
+
+
 @contextlib.contextmanager
 def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     """Allocations of the block come from a private pool whose only memory is one 2 MiB segment of small
@@ -275,10 +304,10 @@ def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     allocator's segment for requests from 1 to 10 MiB), filled with `value` and freed first: an output or
     workspace that a kernel fails to write keeps the poison. Checks at the end that nothing was allocated
     outside those segments. Skips where the caching allocator is off (compute-sanitizer runs), since the pool
-    then hands out fresh memory."""
+    then hands out fresh memory. The pool outlives the block until its tensors are gone (keep_pool_until_idle)."""
     if not cuda_caching_allocator_on():
         pytest.skip("needs the caching allocator")
-    pool = torch.cuda.MemPool()
+    pool = keep_pool_until_idle(torch.cuda.MemPool())
     with torch.cuda.use_mem_pool(pool):
         sizes = [1 << 20] * 2 + ([20 << 20] if large else [])
         poison = [torch.full((size // dtype.itemsize,), value, dtype=dtype, device="cuda") for size in sizes]

@@ -17,7 +17,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul
 
-from conftest import U32, cuda_caching_allocator_on, rel_err, requires_cuda
+from conftest import U32, cuda_caching_allocator_on, keep_pool_until_idle, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 pytestmark = [requires_cuda, pytest.mark.gpu, pytest.mark.large, pytest.mark.usefixtures("ieee_fp32")]
@@ -77,7 +77,7 @@ def poisoned(call, shape, dtype=torch.float32) -> torch.Tensor:
     if not cuda_caching_allocator_on():
         out = call()
     else:
-        pool = torch.cuda.MemPool()
+        pool = keep_pool_until_idle(torch.cuda.MemPool())
         with torch.cuda.use_mem_pool(pool):
             poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
             address = poison.data_ptr()
