@@ -576,8 +576,9 @@ GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_a_by_residue)?<")
 # (a, b) as (shape, line stride, storage offset, column-major), the method, and the product's GEMM: "folds" (K <=
 # 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (no
 # copies: a batch of two dimensions, or an operand of at least 8 MiB that one line of output tiles reads,
-# tma_copies_pay). Odd K and N (lines of 33, 133, 301, 1001 and 8193 floats), storage offsets, column-major operands,
-# a batch with an operand broadcast (copied once), and the tf32 method.
+# tma_copies_pay, except a row-major A without a batch, which TMA reads by residue of its rows). Odd K and N (lines of
+# 33, 133, 301, 1001 and 8193 floats), storage offsets, column-major operands, a batch with an operand broadcast
+# (copied once), and the tf32 method.
 TMA_COPY_CASES = {
     "b_lines_odd": (((130, 72), 72, 0, False), ((72, 133), 133, 0, False), "fp16", "folds"),
     "a_lines_odd_k33": (((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", "folds"),
@@ -589,7 +590,8 @@ TMA_COPY_CASES = {
     "two_batch_dims_odd": (((2, 1, 130, 72), 72, 0, False), ((3, 72, 133), 133, 0, False), "fp16", "cp_async"),
     "b_9mb_read_once": (((128, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "cp_async"),
     "b_9mb_read_twice": (((129, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
-    "a_9mb_read_once": (((8193, 301), 301, 0, False), ((301, 128), 128, 0, False), "auto", "cp_async"),
+    "a_9mb_read_once_by_residue": (((8193, 301), 301, 0, False), ((301, 128), 128, 0, False), "auto", "prepass"),
+    "a_col_9mb_read_once": (((8193, 301), 8193, 0, True), ((301, 128), 128, 0, False), "auto", "cp_async"),
 }
 
 

@@ -670,9 +670,24 @@ struct TmaReadable {
   bool a, b;
 };
 
+// Where the tile GEMMs would read a copy of a row-major A that one TMA map cannot read (tma_copies_apply), or copy
+// its stages with cp.async because the copy would not pay (tma_copies_pay), they read it in place by residue of its
+// rows instead (TmaMaps::a_by_residue; encode_fp32_residue_maps): calls without a batch (one batch entry) and of at
+// least 4 rows, unless TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy or the cp.async stages (the outputs are the same
+// bits). The copy costs A's size in memory and its time; by residue, the kernel reads 36 floats of each row per stage
+// and A's fragments a float at a time. H200, session 102, us per call back to back, auto, by residue / copy / K
+// rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280, 2048^2 x 2047 142 / 151 / 138,
+// 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360. Read once (N <= 128), by
+// residue / cp.async / torch fp32: 4096 x 128 x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023 67.1 / 95.5 / 94.9,
+// 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218 / 361 / 201.
+bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
+  constexpr std::int64_t kResidues = 4;  // (a residue without rows would have no map: encode_fp32_residue_maps)
+  return a_row && args.num_batches == 1 && args.m >= kResidues && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
+}
+
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
 // where such an operand is at least kCopiedOnceMinBytes and one line of output tiles reads it (B where M <= 128, A
-// where N <= 128). The GEMM then reads it once either way, and the copy's extra read and write cost more than the TMA
+// where N <= 128 and it is not read by residue: a_by_residue). The GEMM then reads it once either way, and the copy's extra read and write cost more than the TMA
 // stages save. H200, session 99, same build, us per call back to back, auto, TORCH_WMMAE_SMALL_GEMM=0, copies /
 // cp.async (TORCH_WMMAE_TMA_COPIES=0) (torch fp32), B of odd width read once: 128 x 4097 x 4096 139.9 / 106.7
 // (110.0), 128 x 4097 x 1024 54.9 / 43.5 (37.9), 128 x 16385 x 4096 480 / 395 (375); A of odd K read once: 4096 x
@@ -680,9 +695,9 @@ struct TmaReadable {
 // mixed: 256 x 4097 x 4096 181.7 / 174.4, 256 x 4097 x 1024 64.2 / 56.7, 4096 x 256 x 4097 148.8 / 153.8, 256 x
 // 8193 x 8192 626 / 656; from three times the copies win: 384 x 4097 x 4096 224 / 245, 512 x 4097 x 1024 62.2 / 81.7.
 constexpr std::int64_t kCopiedOnceMinBytes = std::int64_t{8} << 20;
-bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable) {
+bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable, bool a_by_residue) {
   const std::int64_t floats_a = args.num_batches * args.m * args.k, floats_b = args.num_batches * args.k * args.n;
-  const bool a_read_once = !readable.a && args.n <= kGemmTile && 4 * floats_a >= kCopiedOnceMinBytes;
+  const bool a_read_once = !readable.a && !a_by_residue && args.n <= kGemmTile && 4 * floats_a >= kCopiedOnceMinBytes;
   const bool b_read_once = !readable.b && args.m <= kGemmTile && 4 * floats_b >= kCopiedOnceMinBytes;
   return !a_read_once && !b_read_once;
 }
@@ -1031,17 +1046,6 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
   return kernels.sm90_tma && args.batch.ndim <= 1 && !env_is("TORCH_WMMAE_TMA_COPIES", "0");
 }
 
-// Where the tile GEMMs would read a copy of a row-major A that one TMA map cannot read (tma_copies_apply), they read
-// it in place by residue of its rows instead (TmaMaps::a_by_residue; encode_fp32_residue_maps says where the maps
-// encode): calls without a batch (one batch entry), unless TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy (the outputs are
-// the same bits). The copy costs A's size in memory and its time; by residue, the kernel reads 36 floats of each row
-// per stage and A's fragments a float at a time. H200, session 102, us per call back to back, auto, by residue / copy
-// / K rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280, 2048^2 x 2047 142 / 151 / 138,
-// 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360.
-bool a_by_residue_applies(const GemmArgs& args) {
-  return args.num_batches == 1 && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
-}
-
 // Whether a call runs the small GEMM (corrected_gemm_small.cuh) instead of the tile GEMMs: fp16 and auto where K fits
 // in its shared memory (K <= kSmallMaxK), by default where a batch entry's output fits one 64x64 tile, which fills a
 // quarter of the tile GEMMs' 128x128 tiles, or where the whole call's output is at most kSmallCallOutputs elements
@@ -1350,7 +1354,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #ifdef WMMAE_HAS_SM90A
     if (!tma_copies_apply(args, kernels)) return false;
     tma_reads();
-    return tma_copies_pay(args, *tma_readable);
+    return tma_copies_pay(args, *tma_readable, a_by_residue_applies(args, a_row));
 #else
     return false;
 #endif
@@ -1361,7 +1365,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   }
 #ifdef WMMAE_HAS_SM90A
   if (!tma_reads() && tile_gemms_read_copies()) {
-    if (!tma_readable->a && a_row && a_by_residue_applies(args)) {  // A by residue where its maps encode, not copied
+    if (!tma_readable->a && a_by_residue_applies(args, a_row)) {  // A by residue where its maps encode, not copied
       read_a_by_residue = true;
       tma_readable.reset();
       tma_reads();
