@@ -1370,11 +1370,14 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
       tma_readable.reset();
       tma_reads();
     }
-    if (!tma_readable->a) a = tma_readable_copy(a, a_row);
-    if (!tma_readable->b) b = tma_readable_copy(b, b_row);
-    replan_if_copied();
-    point_at_operands();
-    tma_readable.reset();  // (asked again below, of the copies)
+    const bool copy_a = !tma_readable->a, copy_b = !tma_readable->b;
+    if (copy_a) a = tma_readable_copy(a, a_row);
+    if (copy_b) b = tma_readable_copy(b, b_row);
+    if (copy_a || copy_b) {  // (with A read by residue and B readable, the maps above stand: nothing to encode again)
+      replan_if_copied();
+      point_at_operands();
+      tma_readable.reset();  // (asked again below, of the copies)
+    }
   }
 #endif
   // Stream-K is a schedule of the wgmma kernel (the fp16 GEMM on sm_90); "auto"'s tf32 kernel keeps the grid.
