@@ -525,7 +525,7 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
-# (With TMA stages: the instantiations of kTma, and those that read row-major A by residue, TmaMaps::a_by_residue.)
+# (With TMA stages: the instantiations of kTma, and those that read A by residue, TmaMaps::a_by_residue.)
 TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false), "
                         r"(true|false)>|corrected_gemm_sm90_kernel_a_by_residue<")
 TMA_COPIES_SWITCH = "TORCH_WMMAE_TMA_COPIES"
@@ -562,8 +562,8 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         assert read_by_tma == {"tma": eligible or len(batch) <= 1, "in_place": eligible, "cp_async": False}, kernels
         if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
             layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
-            by_residue = f"corrected_gemm_sm90_kernel_a_by_residue<{str(not b_col).lower()}, "  # (row-major A)
-            assert any(layout in name or (not a_col and by_residue in name) for name in kernels["tma"]), kernels["tma"]
+            by_residue = f"corrected_gemm_sm90_kernel_a_by_residue<{str(not a_col).lower()}, {str(not b_col).lower()}, "
+            assert any(layout in name or by_residue in name for name in kernels["tma"]), kernels["tma"]
 
 
 TF32_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
@@ -576,7 +576,7 @@ GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_a_by_residue)?<")
 # (a, b) as (shape, line stride, storage offset, column-major), the method, and the product's GEMM: "folds" (K <=
 # 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (no
 # copies: a batch of two dimensions, or an operand of at least 8 MiB that one line of output tiles reads,
-# tma_copies_pay, except a row-major A without a batch, which TMA reads by residue of its rows). Odd K and N (lines of
+# tma_copies_pay, except an A without a batch, which TMA reads by residue of its lines). Odd K and N (lines of
 # 33, 133, 301, 1001 and 8193 floats), storage offsets, column-major operands, a batch with an operand broadcast
 # (copied once), and the tf32 method.
 TMA_COPY_CASES = {
@@ -591,7 +591,8 @@ TMA_COPY_CASES = {
     "b_9mb_read_once": (((128, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "cp_async"),
     "b_9mb_read_twice": (((129, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
     "a_9mb_read_once_by_residue": (((8193, 301), 301, 0, False), ((301, 128), 128, 0, False), "auto", "prepass"),
-    "a_col_9mb_read_once": (((8193, 301), 8193, 0, True), ((301, 128), 128, 0, False), "auto", "cp_async"),
+    "a_col_9mb_read_once_by_residue": (((8193, 301), 8193, 0, True), ((301, 128), 128, 0, False), "auto",
+                                       "prepass"),
 }
 
 
@@ -641,7 +642,9 @@ class ByResidueCase(NamedTuple):
 # tiles fold their own line ranges, and auto's tiles that are not fp16-safe are FMAs from the stages) and longer (the
 # pre-pass); M = 4 and 5 (residues of one or two rows), M = 3 (too few rows: copied); tile rows past M; B aligned,
 # column-major with odd K (copied: x @ W^T), or of odd width (copied, and the output staged); chunks of 1024 read
-# back; split-K and stream-K; an Inf; the tf32 method and auto's tf32 tiles.
+# back; split-K and stream-K; an Inf; the tf32 method and auto's tf32 tiles. Column-major A (the a.t() of a backward
+# pass) whose columns TMA cannot read as one map, by residue of its k: the same kinds of cases ("a_col_"), with M = 1
+# and every residue of M and of the offset, K = 4 (one k of each residue) and K = 3 (copied).
 BY_RESIDUE_CASES = {
     "k33_folds_auto": ByResidueCase(((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", folds=True),
     "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 127, 1, False), ((127, 200), 200, 0, False), "fp16",
@@ -669,6 +672,29 @@ BY_RESIDUE_CASES = {
                              deterministic=False, atomics_in_any_order=True),
     "stream_k": ByResidueCase(((200, 3001), 3001, 0, False), ((3001, 301), 301, 0, False), "fp16",
                               env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
+    "a_col_m301_folds_auto": ByResidueCase(((301, 64), 301, 0, True), ((64, 136), 136, 0, False), "auto", folds=True),
+    "a_col_offset_1_folds_fp16": ByResidueCase(((257, 100), 260, 1, True), ((100, 200), 200, 0, False), "fp16",
+                                               folds=True),
+    "a_col_folds_auto_fma_tiles": ByResidueCase(((300, 65), 303, 0, True), ((65, 136), 136, 0, False), "auto",
+                                                wide_row=True, folds=True),
+    "a_col_k1001_fp16_inf": ByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 136, 0, False), "fp16",
+                                          inf_row=True),
+    "a_col_tf32": ByResidueCase(((130, 1003), 133, 0, True), ((1003, 136), 136, 0, False), "tf32"),
+    "a_col_offset_2_auto_inf": ByResidueCase(((130, 1003), 130, 2, True), ((1003, 136), 136, 0, False), "auto",
+                                             inf_row=True),
+    "a_col_offset_3_b_col": ByResidueCase(((257, 300), 257, 3, True), ((300, 200), 300, 0, True), "auto"),
+    "a_col_m1": ByResidueCase(((1, 1001), 3, 0, True), ((1001, 136), 136, 0, False), "fp16"),
+    "a_col_k4": ByResidueCase(((301, 4), 301, 0, True), ((4, 136), 136, 0, False), "fp16", folds=True),
+    "a_col_k3_copied": ByResidueCase(((301, 3), 301, 0, True), ((3, 136), 136, 0, False), "fp16", by_residue=False,
+                                     folds=True),
+    "a_col_odd_width": ByResidueCase(((130, 1001), 131, 0, True), ((1001, 133), 133, 0, False), "auto"),
+    "a_col_chunks_read_back": ByResidueCase(((300, 2101), 301, 0, True), ((2101, 136), 136, 0, False), "fp16"),
+    "a_col_wide_row_auto_tf32_tiles": ByResidueCase(((300, 1001), 301, 0, True), ((1001, 136), 136, 0, False), "auto",
+                                                    wide_row=True),
+    "a_col_split_k": ByResidueCase(((130, 4101), 131, 0, True), ((4101, 136), 136, 0, False), "fp16",
+                                   deterministic=False, atomics_in_any_order=True),
+    "a_col_stream_k": ByResidueCase(((200, 3001), 201, 0, True), ((3001, 301), 301, 0, False), "fp16",
+                                    env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
 }
 
 
@@ -676,8 +702,8 @@ BY_RESIDUE_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(BY_RESIDUE_CASES))
 def test_corrected_matmul_a_by_residue(gen, monkeypatch, case):
-    """Where the tile GEMMs would copy a row-major A that TMA cannot read as one map, they read it in place by residue
-    of its rows (four maps, TmaMaps::a_by_residue): the same bits as the copy (TORCH_WMMAE_A_BY_RESIDUE=0), within the
+    """Where the tile GEMMs would copy an A that TMA cannot read as one map, they read it in place by residue of its
+    lines (four maps, TmaMaps::a_by_residue: rows where A is row-major, k where column-major): the same bits as the copy (TORCH_WMMAE_A_BY_RESIDUE=0), within the
     float32 bound, every output written (the pool is NaN-poisoned), A left as it was; the by-residue kernels run
     exactly where they should."""
     c = BY_RESIDUE_CASES[case]
@@ -712,10 +738,12 @@ STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
 # The wgmma fp16 GEMM's odd-width instantiations (kOddWidth: the last template argument; kReadBack, the one before
 # the resident pre-pass's, plain or reading back), which stage their rows.
 # (And those that read row-major A by residue: B row-major, kReadBack, kOddWidth.)
-ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), true>|"
+ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false), "
+                              r"true>|"
                               r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "
                               r"true>")
-ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), true, true>|"
+ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), true, "
+                                        r"true>|"
                                         r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, true, false, "
                                         r"true>")
 

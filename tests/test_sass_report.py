@@ -114,9 +114,10 @@ def _extension_rows():
 WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), (true|false), "
                           r"(true|false), (true|false)>")
 TF32_WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
-# Row-major A read by residue (TMA stages): B row-major, read-back, odd width; tf32: B row-major
-BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false)>")
-TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_a_by_residue<(true|false)>")
+# A read by residue (TMA stages): A row-major, B row-major, read-back, odd width; tf32: A row-major, B row-major
+BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false), "
+                               r"(true|false)>")
+TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_a_by_residue<(true|false), (true|false)>")
 
 
 def test_wgmma_stage_loops_do_not_spill():
@@ -145,9 +146,9 @@ def test_wgmma_stage_loops_do_not_spill():
         assert r["loop"] is not None, r
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
     # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back, and with TMA stages
-    # for odd widths, with and without read-back; tf32: no read-back; by residue: B row- or column-major, with and
-    # without read-back and odd widths (fp16), B row- or column-major (tf32)
-    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 8, "tf32 by residue": 2}
+    # for odd widths, with and without read-back; tf32: no read-back; by residue: A and B row- or column-major, with
+    # and without read-back and odd widths (fp16), A and B row- or column-major (tf32)
+    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 16, "tf32 by residue": 4}
 
 
 def test_small_gemm_product_loops_do_not_spill():

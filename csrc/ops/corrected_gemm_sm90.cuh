@@ -70,6 +70,7 @@ struct StageTile {
   }
   static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
   static constexpr bool kByResidue = false;
+  static constexpr bool kKByResidue = false;
 };
 
 // A's stage tile where TMA reads a row-major A by residue of its rows (TmaMaps::a_by_residue): box j (lines 32 j ..
@@ -88,8 +89,33 @@ struct AResidueStageTile {
   static constexpr int kBoxFloats = kBoxLines * kLd;
   static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
   static constexpr bool kByResidue = true;
+  static constexpr bool kKByResidue = false;
   __device__ static int offset(int line, int inner) { return line * kLd + inner; }
   static constexpr int shift(int lines8, int inner32) { return lines8 * 8 * kLd + inner32 * 32; }
+};
+
+// A's stage tile where TMA reads a column-major A by residue of its columns, the k-lines (TmaMaps::a_by_residue with
+// A column-major): box j (lines 8 j .. 8 j + 7) holds the stage's k0 + j, k0 + j + 4, ... (line_of_k), each 136
+// floats of m from the tile's m0, the 16-byte aligned start of the box in map j, where the tile's m start at column
+// shift[j] < 4 (encode_fp32_residue_maps), unswizzled. The products keep the stage's k in order: each of A's elements
+// is read from its k's line, at its k's shift (so, unlike rows by residue, nothing else follows another order). With
+// lines of 136 floats the fragment reads have 2-way bank conflicts at every shift (4-way with 132).
+struct AKResidueStageTile {
+  static constexpr int kOuter = kBlockK;
+  static constexpr int kInner = kBlockM;
+  static constexpr int kLd = kBlockM + 8;
+  static constexpr int kBoxLines = kBlockK / 4;
+  static constexpr int kBoxes = 4;
+  static constexpr int kFloats = kOuter * kLd;
+  static constexpr int kBoxFloats = kBoxLines * kLd;
+  static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
+  static constexpr bool kByResidue = false;
+  static constexpr bool kKByResidue = true;
+  __device__ static constexpr int line_of_k(int k) { return k % 4 * kBoxLines + k / 4; }
+  // Offset in floats of element (k, m) of the stage, before its k's shift.
+  __device__ static int offset(int k, int m) { return line_of_k(k) * kLd + m; }
+  // (k + 8 lies two lines further in the same box.)
+  static constexpr int shift(int lines8, int inner32) { return lines8 * 2 * kLd + inner32 * 32; }
 };
 
 // B's hi and lo tiles as wgmma reads them, no swizzle: 8x8 core matrices of 128 bytes; core matrices
@@ -173,8 +199,9 @@ struct alignas(16) NextBox {
 
 template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16, bool kAResidues = false>
 struct Config {
-  static_assert(!kAResidues || (kARowMajor && kTma), "A by residue: row-major A in TMA stages");
-  using A = std::conditional_t<kAResidues, AResidueStageTile, StageTile<kARowMajor, kBlockM, kBlockK, kTma>>;
+  static_assert(!kAResidues || kTma, "A by residue: TMA stages");
+  using A = std::conditional_t<kAResidues, std::conditional_t<kARowMajor, AResidueStageTile, AKResidueStageTile>,
+                               StageTile<kARowMajor, kBlockM, kBlockK, kTma>>;
   using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
   // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, the output tile and the
   // block's current piece of work, then (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants
@@ -254,10 +281,19 @@ __device__ __forceinline__ void stagger_start(int stagger_blocks) {
 // its line's 16-byte chunks, which the 128-byte swizzle spreads over all banks across the 8 lines of a period.
 // Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row. A by residue
 // (AResidueStageTile): the line's box columns [inner_shift, inner_shift + 32) are its k, of the 36 read as float4s
-// (inner_shift is the same in a warp's 32 lines: no divergence).
+// (inner_shift is the same in a warp's 32 lines: no divergence). Column-major A by residue of its k (AKResidueStageTile):
+// element k of the line at k's line and shift, k_shifts[k % 4] (AResidueMaps::shift).
 template <class Tile, bool kKInner, class Fold>
-__device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line, int inner_shift = 0) {
-  if constexpr (Tile::kByResidue) {
+__device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line, int inner_shift = 0,
+                                                const int* k_shifts = nullptr) {
+  if constexpr (Tile::kKByResidue) {
+    static_assert(!kKInner, "k-lines by residue: the line is one element of each k");
+    float v[kBlockK];
+#pragma unroll
+    for (int c = 0; c < kBlockK; ++c) v[c] = tile[Tile::offset(c, line) + k_shifts[c % 4]];
+#pragma unroll
+    for (int c = 0; c < kBlockK; ++c) folds[c % 4].include(v[c]);
+  } else if constexpr (Tile::kByResidue) {
     constexpr int kChunks = Tile::kLd / 4;
     float4 v[kChunks];
 #pragma unroll
@@ -298,7 +334,8 @@ __device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* t
 // NaN, the stages are folded again exactly (see MagnitudeKeys).
 template <class Tile, bool kKInner>
 __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], const float* stages, int first_slot,
-                                                int k_tiles, int line, int inner_shift = 0) {
+                                                int k_tiles, int line, int inner_shift = 0,
+                                                const int* k_shifts = nullptr) {
   MagnitudeKeys all = keys[0];
 #pragma unroll
   for (int j = 1; j < 4; ++j) all.include(keys[j]);
@@ -308,7 +345,7 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
                               MagnitudeBits::none()};
     for (int kt = 0; kt < k_tiles; ++kt) {
       fold_stage_line<Tile, kKInner>(exact, stages + ((first_slot + kt) & (kStages - 1)) * Tile::kFloats, line,
-                                     inner_shift);
+                                     inner_shift, k_shifts);
     }
     bits = exact[0];
 #pragma unroll
@@ -330,12 +367,14 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
 // changed the other stage loops' registers (ptxas, CUDA 13.0); as a call the stage loops are main's but for one
 // or two equivalent instructions. A by residue (AResidueStageTile): one more argument, AResidueMaps::shift (a
 // parameter pack, so that the others' calls stay as they were); tile row r is line 32 (r % 4) + r / 4, its k from
-// column shift[r % 4], read one float at a time.
+// column shift[r % 4], read one float at a time. Column-major A by residue of its k (AKResidueStageTile): the same
+// argument; k c + q at its line and shift[q] (c is a multiple of 4), four rows read one float at a time.
 template <class A, class B, bool kARowMajor, bool kBRowMajor, class... AResidueShifts>
 __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const float* stage_b, int first_slot,
                                                      int k_count, float* origin, std::int64_t n, int rows, int cols,
                                                      const AResidueShifts*... a_residue_shift) {
-  static_assert(sizeof...(AResidueShifts) == (A::kByResidue ? 1 : 0), "the shifts where A is read by residue");
+  static_assert(sizeof...(AResidueShifts) == (A::kByResidue || A::kKByResidue ? 1 : 0),
+                "the shifts where A is read by residue");
   constexpr int kRows = 4, kCols = 8, kColGroups = kBlockN / 2 / 4;  // (16 threads across a row of the tile)
   static_assert(kThreads * kRows * kCols * 2 == kBlockM * kBlockN, "one tile in two passes");
   const int c0 = threadIdx.x % kColGroups * 4;
@@ -362,6 +401,11 @@ __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const fl
             const float* line = sa + A::offset(A::kBoxLines * q + r0 / 4, shift[0][q] + c);
 #pragma unroll
             for (int e = 0; e < 4; ++e) av[q][e] = line[e];
+          } else if constexpr (A::kKByResidue) {  // q: a k (c % 4 = 0: of residue q), four rows
+            const int* const shift[] = {a_residue_shift...};
+            const float* rows = sa + A::offset(c + q, r0) + shift[0][q];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) av[e][q] = rows[e];
           } else if constexpr (kARowMajor) {  // q: a row, four k
             const float4 v = f4(sa + A::offset(r0 + q, c));
 #pragma unroll
@@ -427,8 +471,9 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // tiles of "auto" too, after the fp16 GEMM). kOddWidth: for outputs of an odd width, whose rows are not 8-byte
 // aligned: the flush's fast path stages them through shared memory, for every kind of chunk (a separate
 // instantiation, so that the others' code stays as it was: with the staging in every instantiation, aligned shapes
-// were 1-4% slower, H200). kAResidues: row-major A read by TMA by residue of its rows (TmaMaps::a_by_residue), its
-// stage lines in the order of tile_row_of_line, which the line scales and the flush follow.
+// were 1-4% slower, H200). kAResidues: A read by TMA by residue of its lines (TmaMaps::a_by_residue): row-major, its
+// stage lines in the order of tile_row_of_line, which the line scales and the flush follow (AResidueStageTile); or
+// column-major, by residue of its k, which only A's readers follow (AKResidueStageTile).
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass, bool kOddWidth,
           bool kAResidues = false>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps,
@@ -437,9 +482,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
   static_assert(!kOddWidth || (kM == Method::fp16 && kTma && !kBesidePrepass && staging_fits<kM>()),
                 "odd widths: the fp16 instantiations with TMA stages (plain or reading back) only");
-  static_assert(!kAResidues || (kARowMajor && kTma && !kBesidePrepass), "A by residue: row-major A in TMA stages");
+  static_assert(!kAResidues || (kTma && !kBesidePrepass), "A by residue: TMA stages, not beside the pre-pass");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
+  constexpr bool kARowResidues = kAResidues && kARowMajor, kAKResidues = kAResidues && !kARowMajor;
   // auto's tf32 GEMM after the fp16 one, the next call's first kernel after either; or as each block starts its last
   // piece (GemmArgs::dependents_at_last_piece, below)
   if (!args.dependents_at_last_piece) allow_dependent_grid();
@@ -523,16 +569,21 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // register, the stage's or buffer's base and a constant (ptxas recomputed them from the lane index at
   // every stage). A: element (r + 8 j, k + 8 h + 16 s) of its fragment, at a_elem_off[s][h] (row-major) or
   // a_elem_off[j][k - 2 quad] (column-major, k's pairs read one by one). By residue, the thread's lines row0 and
-  // row0 + 8 are of box row0 / 32, whose k start at its column a_line_shift (see AResidueStageTile).
+  // row0 + 8 are of box row0 / 32, whose k start at its column a_line_shift (see AResidueStageTile); column-major by
+  // residue of k, element k's m start at column a_k_shift(k) of its line (see AKResidueStageTile): k + 8 has the same.
   int a_line_shift = 0;
-  if constexpr (kAResidues) a_line_shift = a_residues->shift[row0 / AResidueStageTile::kBoxLines];
+  if constexpr (kARowResidues) a_line_shift = a_residues->shift[row0 / AResidueStageTile::kBoxLines];
+  auto a_k_shift = [&](int k) {
+    if constexpr (kAKResidues) return a_residues->shift[k % 4];
+    return 0;
+  };
   int a_elem_off[2][2];
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       a_elem_off[p][q] = sizeof(float) * (kARowMajor ? A::offset(row0, a_line_shift + 2 * quad + 8 * q + 16 * p)
-                                                : A::offset(2 * quad + q, row0 + 8 * p));
+                                                : A::offset(2 * quad + q, row0 + 8 * p) + a_k_shift(2 * quad + q));
     }
   }
   // B: MN-major split, row b_mn_row; K-major, column b_split_col(0) at k b_split_k(0) + d (row-major:
@@ -558,7 +609,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
   for (int x = 0; x < 8; ++x) {
     a_tf32_off[x] = sizeof(float) * (kARowMajor ? A::offset(row0, a_line_shift + quad + 4 * (x % 2) + 8 * (x / 2))
-                                                : A::offset(quad + 4 * (x / 2 % 2), row0 + 8 * (x % 2)));
+                                                : A::offset(quad + 4 * (x / 2 % 2), row0 + 8 * (x % 2)) + a_k_shift(quad));
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -608,7 +659,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     // operand has one box per stage).
     const bool box_of_a = warp < A::kBoxes;
     const int box = box_of_a ? warp : warp - A::kBoxes;
-    // (By residue: A's box j is map j's, at outer coordinate m0 / 4; see AResidueStageTile.)
+    // (By residue: A's box j is map j's, at outer coordinate m0 / 4 (AResidueStageTile), or column-major at inner
+    // coordinate m0 and outer k0 / 4 (AKResidueStageTile).)
     const CUtensorMap* box_map = box_of_a ? &maps.a : &maps.b;
     if constexpr (kAResidues) {
       if (box_of_a) box_map = &a_residues->maps[box];
@@ -619,8 +671,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     const bool box_k_inner = box_of_a ? kARowMajor : !kBRowMajor;
     // The box's outer coordinate in the tile at (tile_m0, tile_n0).
     auto box_line_of = [&](std::int64_t tile_m0, std::int64_t tile_n0) {
-      if constexpr (kAResidues) {
+      if constexpr (kARowResidues) {
         if (box_of_a) return static_cast<int>(tile_m0 / 4);
+      } else if constexpr (kAKResidues) {
+        if (box_of_a) return static_cast<int>(tile_m0);
       }
       return static_cast<int>(box_of_a ? tile_m0 : tile_n0) + box * 32;
     };
@@ -637,6 +691,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int slot = slot_of(kt);
       const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
       mbarrier_arrive_expect_tx(full, box_bytes);
+      if constexpr (kAKResidues) {
+        if (box_of_a) k0 /= 4;  // (map j's line i is k-line 4 i + j)
+      }
       tma_load_3d(box_dst + slot * box_slot_bytes, box_map, full, box_k_inner ? k0 : line, box_k_inner ? line : k0,
                   batch_z);
     };
@@ -712,25 +769,28 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       MagnitudeKeys keys[4] = {MagnitudeKeys::none(), MagnitudeKeys::none(), MagnitudeKeys::none(),
                                MagnitudeKeys::none()};
       int r_shift = 0;  // (by residue: line r's first k in its box, see AResidueStageTile)
-      if constexpr (kAResidues) r_shift = r < kBlockM ? a_residues->shift[r / AResidueStageTile::kBoxLines] : 0;
+      if constexpr (kARowResidues) r_shift = r < kBlockM ? a_residues->shift[r / AResidueStageTile::kBoxLines] : 0;
+      const int* k_shifts = nullptr;  // (column-major by residue of k: each k's shift, see AKResidueStageTile)
+      if constexpr (kAKResidues) k_shifts = a_residues->shift;
       for (int s = 0; s < k_tiles; ++s) {
         wait_tma_stage(s);
         if (r < kBlockM) {
-          fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r, r_shift);
+          fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r, r_shift, k_shifts);
         } else {
           fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM);
         }
       }
       std::int64_t index;  // (unused: the ranges are this tile's own)
       const bool in_matrix =
-          tile_line_index(args, z, m0, n0, kAResidues && r < kBlockM ? tile_row_of_line<kAResidues>(r) : r, index);
+          tile_line_index(args, z, m0, n0, kARowResidues && r < kBlockM ? tile_row_of_line<kARowResidues>(r) : r,
+                          index);
       const ExponentRange range =
-          r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r, r_shift)
+          r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r, r_shift, k_shifts)
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
       return line_scales_from<kM>(scales, in_matrix, range);
     };
     auto load_scales = [&]() {
-      if constexpr (kAResidues) {
+      if constexpr (kARowResidues) {
         const int r = threadIdx.x;  // (thread r's scale slot: line r of the stage)
         return load_line_scales<kM>(args, scales, z, m0, n0, r < kBlockM ? tile_row_of_line<true>(r) : r);
       } else {
@@ -958,7 +1018,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     auto flush = [&](bool first_chunk, bool last_chunk, unsigned char* staging) {
       const OutputTile tile = *out_tile;
       // (The accumulators' rows row0 and row0 + 8 are the stage's lines; their rows in the tile, tile_row_of_line.)
-      const int out_row0 = tile_row_of_line<kAResidues>(row0), out_row8 = tile_row_of_line<kAResidues>(row0 + 8);
+      const int out_row0 = tile_row_of_line<kARowResidues>(row0), out_row8 = tile_row_of_line<kARowResidues>(row0 + 8);
       float* const out_row[2] = {tile.origin + out_row0 * n + 2 * quad, tile.origin + out_row8 * n + 2 * quad};
       const int a_shift[2] = {scales.a_shift[row0], scales.a_shift[row0 + 8]};
       const int* b_shift = scales.b_shift + 2 * quad;
@@ -1001,10 +1061,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           float* const rows_of_warp = reinterpret_cast<float*>(staging) + warp * kStagedRows * kStagedCols;
           // (By residue, the warp's rows are tile rows kRowStep apart from warp_out_row: see tile_row_of_line.)
           const int warp_row = row0 - lane / 4;
-          constexpr int kRowStep = kAResidues ? 4 : 1;
-          const int warp_out_row = tile_row_of_line<kAResidues>(warp_row);
+          constexpr int kRowStep = kARowResidues ? 4 : 1;
+          const int warp_out_row = tile_row_of_line<kARowResidues>(warp_row);
           // the warp's rows i < rows_in are inside the output
-          const int rows_in = kAResidues ? (tile.rows - warp_out_row + kRowStep - 1) / kRowStep : tile.rows - warp_row;
+          const int rows_in = kARowResidues ? (tile.rows - warp_out_row + kRowStep - 1) / kRowStep : tile.rows - warp_row;
           float* const warp_out = tile.origin + static_cast<std::int64_t>(warp_out_row) * n + lane;
           // The earlier partial sums, all four rounds' at once, go to hh (free until the next hi*hi product
           // overwrites it), so that the loads are in flight together. (A round ahead instead, with fewer registers,
@@ -1356,19 +1416,21 @@ __global__ void __maxnreg__(255) corrected_gemm_sm90_tf32_kernel(GemmArgs args, 
   corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, kTma, false, false, false>(args, maps);
 }
 
-// The same kernels for row-major A read by residue (TmaMaps::a_by_residue): TMA stages, not beside the pre-pass.
-template <bool kBRowMajor, bool kReadBack, bool kOddWidth>
+// The same kernels for A read by residue of its lines (TmaMaps::a_by_residue: rows where A is row-major, k where it is
+// column-major): TMA stages, not beside the pre-pass.
+template <bool kARowMajor, bool kBRowMajor, bool kReadBack, bool kOddWidth>
 __global__ void __maxnreg__(255)
     corrected_gemm_sm90_kernel_a_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
                                             const __grid_constant__ AResidueMaps a_residues) {
-  corrected_gemm_sm90<Method::fp16, true, kBRowMajor, true, kReadBack, false, kOddWidth, true>(args, maps, &a_residues);
+  corrected_gemm_sm90<Method::fp16, kARowMajor, kBRowMajor, true, kReadBack, false, kOddWidth, true>(args, maps,
+                                                                                                    &a_residues);
 }
 
-template <bool kBRowMajor>
+template <bool kARowMajor, bool kBRowMajor>
 __global__ void __maxnreg__(255)
     corrected_gemm_sm90_tf32_kernel_a_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
                                                  const __grid_constant__ AResidueMaps a_residues) {
-  corrected_gemm_sm90<Method::tf32, true, kBRowMajor, true, false, false, false, true>(args, maps, &a_residues);
+  corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, true, false, false, false, true>(args, maps, &a_residues);
 }
 
 }  // namespace sm90

@@ -670,19 +670,19 @@ struct TmaReadable {
   bool a, b;
 };
 
-// Where the tile GEMMs would read a copy of a row-major A that one TMA map cannot read (tma_copies_apply), or copy
-// its stages with cp.async because the copy would not pay (tma_copies_pay), they read it in place by residue of its
-// rows instead (TmaMaps::a_by_residue; encode_fp32_residue_maps): calls without a batch (one batch entry) and of at
-// least 4 rows, unless TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy or the cp.async stages (the outputs are the same
-// bits). The copy costs A's size in memory and its time; by residue, the kernel reads 36 floats of each row per stage
+// Where the tile GEMMs would read a copy of an A that one TMA map cannot read (tma_copies_apply), or copy its stages
+// with cp.async because the copy would not pay (tma_copies_pay), they read it in place by residue of its lines instead
+// (rows where A is row-major, k where it is column-major: TmaMaps::a_by_residue; encode_fp32_residue_maps): calls
+// without a batch (one batch entry) and of at least 4 such lines, unless TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy or
+// the cp.async stages (the outputs are the same bits). The copy costs A's size in memory and its time; by residue, the kernel reads 36 floats of each row per stage
 // and A's fragments a float at a time. H200, session 102, us per call back to back, auto, by residue / copy / K
 // rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280, 2048^2 x 2047 142 / 151 / 138,
 // 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360. Read once (N <= 128), by
 // residue / cp.async / torch fp32: 4096 x 128 x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023 67.1 / 95.5 / 94.9,
 // 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218 / 361 / 201.
 bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
-  constexpr std::int64_t kResidues = 4;  // (a residue without rows would have no map: encode_fp32_residue_maps)
-  return a_row && args.num_batches == 1 && args.m >= kResidues && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
+  constexpr std::int64_t kResidues = 4;  // (a residue without lines would have no map: encode_fp32_residue_maps)
+  return args.num_batches == 1 && (a_row ? args.m : args.k) >= kResidues && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
 }
 
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
@@ -702,9 +702,10 @@ bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable, bool a_by
   return !a_read_once && !b_read_once;
 }
 
-// Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps; with a_by_residue (not null), a
-// row-major A that one map cannot read (an odd K, a storage offset) by residue of its rows instead, into
-// *a_by_residue, where those maps encode (TmaMaps::a_by_residue).
+// Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps; with a_by_residue (not null), an
+// A that one map cannot read (a line stride or start that is not a multiple of 16 bytes) by residue of its lines
+// instead (rows where A is row-major, k where it is column-major), into *a_by_residue, where those maps encode
+// (TmaMaps::a_by_residue).
 template <bool kARowMajor, bool kBRowMajor>
 TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::AResidueMaps* a_by_residue) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
@@ -725,11 +726,12 @@ TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::AR
                                          kARowMajor ? args.m : args.k, a_line_stride, args.num_batches, a_bs,
                                          Cfg::A::kOuter);
   maps->a_by_residue = false;
-  if (kARowMajor && !a && a_by_residue != nullptr && a_inner_stride == 1) {
+  if (!a && a_by_residue != nullptr && a_inner_stride == 1) {
+    using ATile = typename sm90::Config<kARowMajor, kBRowMajor, true, Method::fp16, true>::A;
     a = maps->a_by_residue =
-        sm90::encode_fp32_residue_maps(a_by_residue->maps, a_by_residue->shift, &maps->a_batched, args.a, args.k,
-                                       args.m, a_line_stride, args.num_batches, a_bs, sm90::AResidueStageTile::kLd,
-                                       sm90::AResidueStageTile::kBoxLines);
+        sm90::encode_fp32_residue_maps(a_by_residue->maps, a_by_residue->shift, &maps->a_batched, args.a,
+                                       kARowMajor ? args.k : args.m, kARowMajor ? args.m : args.k, a_line_stride,
+                                       args.num_batches, a_bs, ATile::kLd, ATile::kBoxLines);
   }
   const bool b = b_inner_stride == 1 &&
                  sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
@@ -909,8 +911,8 @@ bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs
 // pieces, this kernel takes them whole), in one wave's batch slots for auto (see tf32_exit_grid).
 template <Method M, bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
-  // (A by residue: row-major A in TMA stages only, never beside the resident pre-pass.)
-  constexpr bool kResiduesPossible = kARowMajor && kTma;
+  // (A by residue: in TMA stages only, never beside the resident pre-pass.)
+  constexpr bool kResiduesPossible = kTma;
   [[maybe_unused]] const bool a_by_residue = kResiduesPossible && maps.a_by_residue;
   if constexpr (M == Method::tf32) {
     GemmArgs tf32_args = args;
@@ -920,8 +922,8 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     constexpr std::size_t kSmem = sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes;
     if constexpr (kResiduesPossible) {
       if (a_by_residue) {
-        launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_a_by_residue<kBRowMajor>>(
-            sm90::Config<true, kBRowMajor, true, Method::tf32, true>::kSmemBytes, tf32_launch, tf32_args, maps,
+        launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_a_by_residue<kARowMajor, kBRowMajor>>(
+            sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32, true>::kSmemBytes, tf32_launch, tf32_args, maps,
             *launch.a_residue_maps);
         return;
       }
@@ -960,8 +962,8 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
       constexpr bool kReadBack = decltype(read_back)::value, kOddWidth = decltype(odd_width)::value;
       if constexpr (kResiduesPossible) {
         if (a_by_residue) {
-          launch_with_smem<sm90::corrected_gemm_sm90_kernel_a_by_residue<kBRowMajor, kReadBack, kOddWidth>>(
-              sm90::Config<true, kBRowMajor, true, Method::fp16, true>::kSmemBytes, fp16_launch,
+          launch_with_smem<sm90::corrected_gemm_sm90_kernel_a_by_residue<kARowMajor, kBRowMajor, kReadBack, kOddWidth>>(
+              sm90::Config<kARowMajor, kBRowMajor, true, Method::fp16, true>::kSmemBytes, fp16_launch,
               fp16_args, maps, *launch.a_residue_maps);
           return;
         }
