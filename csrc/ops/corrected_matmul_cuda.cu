@@ -680,6 +680,8 @@ struct TmaReadable {
 // 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360. Read once (N <= 128), by
 // residue / cp.async / torch fp32: 4096 x 128 x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023 67.1 / 95.5 / 94.9,
 // 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218 / 361 / 201.
+// Column-major (session 103, A = X.t(), by residue / copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x 4096 1031 /
+// 1060, but 8191 x 8192 x 8192 8764 / 8238; read once, by residue / cp.async: 8193 x 128 x 4096 118 / 169.
 bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
   constexpr std::int64_t kResidues = 4;  // (a residue without lines would have no map: encode_fp32_residue_maps)
   return args.num_batches == 1 && (a_row ? args.m : args.k) >= kResidues && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
