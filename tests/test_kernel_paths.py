@@ -703,9 +703,9 @@ BY_RESIDUE_CASES = {
 @pytest.mark.parametrize("case", list(BY_RESIDUE_CASES))
 def test_corrected_matmul_a_by_residue(gen, monkeypatch, case):
     """Where the tile GEMMs would copy an A that TMA cannot read as one map, they read it in place by residue of its
-    lines (four maps, TmaMaps::a_by_residue: rows where A is row-major, k where column-major): the same bits as the copy (TORCH_WMMAE_A_BY_RESIDUE=0), within the
-    float32 bound, every output written (the pool is NaN-poisoned), A left as it was; the by-residue kernels run
-    exactly where they should."""
+    lines (four maps, TmaMaps::a_by_residue: rows where A is row-major, k where column-major): the same bits as the
+    copy (TORCH_WMMAE_A_BY_RESIDUE=0), within the float32 bound, every output written (the pool is NaN-poisoned), A
+    left as it was; the by-residue kernels run exactly where they should."""
     c = BY_RESIDUE_CASES[case]
     a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
     b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])

@@ -4,7 +4,8 @@
 //
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
 //   (a box per warp, an mbarrier per slot) when TMA can read both operands in place, row- or column-major
-//   (kTma; a row-major A whose rows one map cannot read, in four maps by residue of its rows: AResidueStageTile),
+//   (kTma; an A whose lines one map cannot read, in four maps by residue of its rows, AResidueStageTile, or of its
+//   columns where it is column-major, AKResidueStageTile),
 //   else by cp.async from every thread.
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
@@ -223,19 +224,20 @@ struct Config {
 // The TMA maps of A and B as (inner, outer, batch) in their orientation in global memory (A: (k, m) when
 // row-major, (m, k) when column-major; B: (n, k) / (k, n)), encoded on the host (encode_fp32_operand_map);
 // an operand without its own batch index (no batch, or broadcast) is read at batch coordinate 0.
-// a_by_residue: A is row-major and TMA cannot read its rows as one map (a row stride or start that is not a multiple
-// of 16 bytes: an odd K, a storage offset), so the corrected_gemm_sm90*_kernel_a_by_residue instantiations read them
-// by residue, with AResidueMaps instead of `a`.
+// a_by_residue: TMA cannot read A's lines as one map (a line stride or start that is not a multiple of 16 bytes: an
+// odd K or M, a storage offset), so the corrected_gemm_sm90*_kernel_a_by_residue instantiations read them by residue
+// (rows where A is row-major, columns where column-major), with AResidueMaps instead of `a`.
 struct TmaMaps {
   CUtensorMap a, b;
   bool a_batched, b_batched, a_by_residue;
 };
 
-// Row-major A read by residue of its rows (TmaMaps::a_by_residue): map j holds rows j, j + 4, j + 8, ... (4 rows
-// apart: a stride of a multiple of 16 bytes) from a 16-byte aligned start shift[j] floats before row j's first
-// element, so that element (row, k) is at (k + shift[row % 4], row / 4). Each stage loads its 128 rows as four boxes
-// of AResidueStageTile, one per residue. A kernel parameter of those instantiations only (the others' registers
-// turned on the size of TmaMaps).
+// A read by residue of its lines (TmaMaps::a_by_residue): map j holds lines j, j + 4, j + 8, ... (4 lines apart: a
+// stride of a multiple of 16 bytes) from a 16-byte aligned start shift[j] floats before line j's first element.
+// Row-major, element (row, k) is at (k + shift[row % 4], row / 4), and each stage loads its 128 rows as four boxes of
+// AResidueStageTile, one per residue; column-major, element (row, k) is at (row + shift[k % 4], k / 4), and each
+// stage loads its 32 k as four boxes of AKResidueStageTile. A kernel parameter of those instantiations only (the
+// others' registers turned on the size of TmaMaps).
 struct AResidueMaps {
   CUtensorMap maps[4];
   int shift[4];
@@ -281,8 +283,8 @@ __device__ __forceinline__ void stagger_start(int stagger_blocks) {
 // its line's 16-byte chunks, which the 128-byte swizzle spreads over all banks across the 8 lines of a period.
 // Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row. A by residue
 // (AResidueStageTile): the line's box columns [inner_shift, inner_shift + 32) are its k, of the 36 read as float4s
-// (inner_shift is the same in a warp's 32 lines: no divergence). Column-major A by residue of its k (AKResidueStageTile):
-// element k of the line at k's line and shift, k_shifts[k % 4] (AResidueMaps::shift).
+// (inner_shift is the same in a warp's 32 lines: no divergence). Column-major A by residue of its k
+// (AKResidueStageTile): element k of the line at k's line and shift, k_shifts[k % 4] (AResidueMaps::shift).
 template <class Tile, bool kKInner, class Fold>
 __device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line, int inner_shift = 0,
                                                 const int* k_shifts = nullptr) {
@@ -609,7 +611,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
   for (int x = 0; x < 8; ++x) {
     a_tf32_off[x] = sizeof(float) * (kARowMajor ? A::offset(row0, a_line_shift + quad + 4 * (x % 2) + 8 * (x / 2))
-                                                : A::offset(quad + 4 * (x / 2 % 2), row0 + 8 * (x % 2)) + a_k_shift(quad));
+                                                : A::offset(quad + 4 * (x / 2 % 2), row0 + 8 * (x % 2)) +
+                                                      a_k_shift(quad));
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -1064,7 +1067,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           constexpr int kRowStep = kARowResidues ? 4 : 1;
           const int warp_out_row = tile_row_of_line<kARowResidues>(warp_row);
           // the warp's rows i < rows_in are inside the output
-          const int rows_in = kARowResidues ? (tile.rows - warp_out_row + kRowStep - 1) / kRowStep : tile.rows - warp_row;
+          const int rows_in =
+              kARowResidues ? (tile.rows - warp_out_row + kRowStep - 1) / kRowStep : tile.rows - warp_row;
           float* const warp_out = tile.origin + static_cast<std::int64_t>(warp_out_row) * n + lane;
           // The earlier partial sums, all four rounds' at once, go to hh (free until the next hi*hi product
           // overwrites it), so that the loads are in flight together. (A round ahead instead, with fewer registers,

@@ -674,14 +674,14 @@ struct TmaReadable {
 // with cp.async because the copy would not pay (tma_copies_pay), they read it in place by residue of its lines instead
 // (rows where A is row-major, k where it is column-major: TmaMaps::a_by_residue; encode_fp32_residue_maps): calls
 // without a batch (one batch entry) and of at least 4 such lines, unless TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy or
-// the cp.async stages (the outputs are the same bits). The copy costs A's size in memory and its time; by residue, the kernel reads 36 floats of each row per stage
-// and A's fragments a float at a time. H200, session 102, us per call back to back, auto, by residue / copy / K
-// rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280, 2048^2 x 2047 142 / 151 / 138,
-// 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360. Read once (N <= 128), by
-// residue / cp.async / torch fp32: 4096 x 128 x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023 67.1 / 95.5 / 94.9,
-// 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218 / 361 / 201.
-// Column-major (session 103, A = X.t(), by residue / copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x 4096 1031 /
-// 1060, but 8191 x 8192 x 8192 8764 / 8238; read once, by residue / cp.async: 8193 x 128 x 4096 118 / 169.
+// the cp.async stages (the outputs are the same bits). The copy costs A's size in memory and its time; by residue, the
+// kernel reads 36 floats of each row per stage and A's fragments a float at a time. H200, session 102, us per call back
+// to back, auto, by residue / copy / K rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280,
+// 2048^2 x 2047 142 / 151 / 138, 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360.
+// Read once (N <= 128), by residue / cp.async / torch fp32: 4096 x 128 x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023
+// 67.1 / 95.5 / 94.9, 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218
+// / 361 / 201. Column-major (session 103, A = X.t(), by residue / copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x
+// 4096 1031 / 1060, but 8191 x 8192 x 8192 8764 / 8238; read once, by residue / cp.async: 8193 x 128 x 4096 118 / 169.
 bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
   constexpr std::int64_t kResidues = 4;  // (a residue without lines would have no map: encode_fp32_residue_maps)
   return args.num_batches == 1 && (a_row ? args.m : args.k) >= kResidues && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
@@ -689,13 +689,14 @@ bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
 
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
 // where such an operand is at least kCopiedOnceMinBytes and one line of output tiles reads it (B where M <= 128, A
-// where N <= 128 and it is not read by residue: a_by_residue). The GEMM then reads it once either way, and the copy's extra read and write cost more than the TMA
-// stages save. H200, session 99, same build, us per call back to back, auto, TORCH_WMMAE_SMALL_GEMM=0, copies /
-// cp.async (TORCH_WMMAE_TMA_COPIES=0) (torch fp32), B of odd width read once: 128 x 4097 x 4096 139.9 / 106.7
-// (110.0), 128 x 4097 x 1024 54.9 / 43.5 (37.9), 128 x 16385 x 4096 480 / 395 (375); A of odd K read once: 4096 x
-// 128 x 4097 117.1 / 94.2 (99.7); but a small B read once, 128 x 4097 x 256 (4 MB), 26.1 / 37.7. Read twice it is
-// mixed: 256 x 4097 x 4096 181.7 / 174.4, 256 x 4097 x 1024 64.2 / 56.7, 4096 x 256 x 4097 148.8 / 153.8, 256 x
-// 8193 x 8192 626 / 656; from three times the copies win: 384 x 4097 x 4096 224 / 245, 512 x 4097 x 1024 62.2 / 81.7.
+// where N <= 128 and it is not read by residue: a_by_residue). The GEMM then reads it once either way, and the copy's
+// extra read and write cost more than the TMA stages save. H200, session 99, same build, us per call back to back,
+// auto, TORCH_WMMAE_SMALL_GEMM=0, copies / cp.async (TORCH_WMMAE_TMA_COPIES=0) (torch fp32), B of odd width read once:
+// 128 x 4097 x 4096 139.9 / 106.7 (110.0), 128 x 4097 x 1024 54.9 / 43.5 (37.9), 128 x 16385 x 4096 480 / 395 (375); A
+// of odd K read once: 4096 x 128 x 4097 117.1 / 94.2 (99.7); but a small B read once, 128 x 4097 x 256 (4 MB), 26.1 /
+// 37.7. Read twice it is mixed: 256 x 4097 x 4096 181.7 / 174.4, 256 x 4097 x 1024 64.2 / 56.7, 4096 x 256 x 4097 148.8
+// / 153.8, 256 x 8193 x 8192 626 / 656; from three times the copies win: 384 x 4097 x 4096 224 / 245, 512 x 4097 x 1024
+// 62.2 / 81.7.
 constexpr std::int64_t kCopiedOnceMinBytes = std::int64_t{8} << 20;
 bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable, bool a_by_residue) {
   const std::int64_t floats_a = args.num_batches * args.m * args.k, floats_b = args.num_batches * args.k * args.n;
