@@ -239,8 +239,8 @@ struct TmaMaps {
 // stage loads its 32 k as four boxes of AKResidueStageTile. A kernel parameter of those instantiations only (the
 // others' registers turned on the size of TmaMaps).
 struct AResidueMaps {
-  CUtensorMap maps[4];
-  int shift[4];
+  CUtensorMap maps[kLineResidues];
+  int shift[kLineResidues];
 };
 
 // Where A is read by residue, the stage's line s (A's fragments and the accumulators' row s) holds the tile's row

@@ -481,7 +481,8 @@ __device__ __forceinline__ bool load_tile_line_range(const GemmArgs& args, std::
 // register allocation turned on the difference.)
 template <Method M>
 __device__ inline TileLines load_line_scales(const GemmArgs& args, const LineScales& ls, std::int64_t z,
-                                             std::int64_t m0, std::int64_t n0, int line = static_cast<int>(threadIdx.x)) {
+                                             std::int64_t m0, std::int64_t n0,
+                                             int line = static_cast<int>(threadIdx.x)) {
   ExponentRange range;
   const bool in_matrix = load_tile_line_range(args, z, m0, n0, line, range);
   return line_scales_from<M>(ls, in_matrix, range);
@@ -683,8 +684,9 @@ struct TmaReadable {
 // / 361 / 201. Column-major (session 103, A = X.t(), by residue / copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x
 // 4096 1031 / 1060, but 8191 x 8192 x 8192 8764 / 8238; read once, by residue / cp.async: 8193 x 128 x 4096 118 / 169.
 bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
-  constexpr std::int64_t kResidues = 4;  // (a residue without lines would have no map: encode_fp32_residue_maps)
-  return args.num_batches == 1 && (a_row ? args.m : args.k) >= kResidues && !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
+  // (With fewer lines a residue would have none, and no map: encode_fp32_residue_maps.)
+  return args.num_batches == 1 && (a_row ? args.m : args.k) >= sm90::kLineResidues &&
+         !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
 }
 
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
@@ -915,15 +917,14 @@ bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs
 template <Method M, bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
   // (A by residue: in TMA stages only, never beside the resident pre-pass.)
-  constexpr bool kResiduesPossible = kTma;
-  [[maybe_unused]] const bool a_by_residue = kResiduesPossible && maps.a_by_residue;
+  [[maybe_unused]] const bool a_by_residue = kTma && maps.a_by_residue;
   if constexpr (M == Method::tf32) {
     GemmArgs tf32_args = args;
     tf32_args.stream_k_blocks = 0;
     GemmLaunch tf32_launch = launch;
     if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
     constexpr std::size_t kSmem = sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes;
-    if constexpr (kResiduesPossible) {
+    if constexpr (kTma) {
       if (a_by_residue) {
         launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_a_by_residue<kARowMajor, kBRowMajor>>(
             sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32, true>::kSmemBytes, tf32_launch, tf32_args, maps,
@@ -963,7 +964,7 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const bool staged = kTma && staged_flush_applies(args);
     with_flags(sm90_read_back(args), staged, [&](auto read_back, auto odd_width) {
       constexpr bool kReadBack = decltype(read_back)::value, kOddWidth = decltype(odd_width)::value;
-      if constexpr (kResiduesPossible) {
+      if constexpr (kTma) {
         if (a_by_residue) {
           launch_with_smem<sm90::corrected_gemm_sm90_kernel_a_by_residue<kARowMajor, kBRowMajor, kReadBack, kOddWidth>>(
               sm90::Config<kARowMajor, kBRowMajor, true, Method::fp16, true>::kSmemBytes, fp16_launch,

@@ -111,6 +111,9 @@ inline bool encode_fp32_operand_map(CUtensorMap* map, bool* batched, const float
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Lines by residue (encode_fp32_residue_maps): a stride of 4 lines is a multiple of 16 bytes for any line stride.
+constexpr int kLineResidues = 4;
+
 // The four maps of an fp32 operand whose lines TMA cannot read as one map (a line stride or start that is not a
 // multiple of 16 bytes), by residue of the line index (see TmaMaps::a_by_residue): map j holds lines j, j + 4, ...
 // (4 line strides apart: a multiple of 16 bytes) from line j's start rounded down to 16 bytes, shift[j] floats
@@ -120,20 +123,20 @@ inline bool encode_fp32_operand_map(CUtensorMap* map, bool* batched, const float
 // [e, e + 32) from a box at e that is box_inner >= 35 wide, unswizzled, and reads them from its column shift[j].
 // False where a map cannot be encoded, and for fewer than 4 lines (a residue without lines would have a map past
 // the operand's end).
-inline bool encode_fp32_residue_maps(CUtensorMap maps[4], int shift[4], bool* batched, const float* base,
-                                     std::int64_t inner, std::int64_t outer, std::int64_t outer_stride,
-                                     std::int64_t batches, std::int64_t batch_stride, std::uint32_t box_inner,
-                                     std::uint32_t box_outer) {
-  constexpr int kResidues = 4;
-  if (outer < kResidues || outer_stride <= 0) return false;
-  for (int j = 0; j < kResidues; ++j) {
+inline bool encode_fp32_residue_maps(CUtensorMap maps[kLineResidues], int shift[kLineResidues], bool* batched,
+                                     const float* base, std::int64_t inner, std::int64_t outer,
+                                     std::int64_t outer_stride, std::int64_t batches, std::int64_t batch_stride,
+                                     std::uint32_t box_inner, std::uint32_t box_outer) {
+  if (outer < kLineResidues || outer_stride <= 0) return false;
+  for (int j = 0; j < kLineResidues; ++j) {
     const float* line = base + j * outer_stride;
     const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(line);
     if (address % sizeof(float) != 0) return false;
     shift[j] = static_cast<int>(address % 16 / sizeof(float));
-    if (!encode_fp32_operand_map(&maps[j], batched, line - shift[j], inner + shift[j],
-                                 (outer - j + kResidues - 1) / kResidues, kResidues * outer_stride, batches,
-                                 batch_stride, box_outer, box_inner, CU_TENSOR_MAP_SWIZZLE_NONE)) {
+    const std::int64_t lines = (outer - j + kLineResidues - 1) / kLineResidues;
+    if (!encode_fp32_operand_map(&maps[j], batched, line - shift[j], inner + shift[j], lines,
+                                 kLineResidues * outer_stride, batches, batch_stride, box_outer, box_inner,
+                                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
       return false;
     }
   }
