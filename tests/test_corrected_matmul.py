@@ -1456,6 +1456,41 @@ def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, m
     assert rel_err(outs["by_residue"][:64], ref) < 1e-6
 
 
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_extra_memory_of_x_at_w_t_with_an_odd_k(monkeypatch, method):
+    """x @ W.t() with an odd K (in_features = 4097): neither x's rows nor W.t()'s columns are 16-byte aligned, so one
+    TMA map reads neither. H100 and H200 read x by residue of its rows and W.t() by residue of its columns, within the
+    3% bound of test_extra_memory_is_a_few_percent_of_a; with TORCH_WMMAE_A_BY_RESIDUE=0 and
+    TORCH_WMMAE_B_BY_RESIDUE=0 they copy both into lines padded to 16 bytes; with TORCH_WMMAE_B_BY_RESIDUE=0 alone, W
+    only. All give the same bits (deterministic mode: no split-K)."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    m, k, n = 1024, 4097, 768  # (each operand is read by several lines of output tiles: copies would pay)
+    gen = torch.Generator(device="cuda").manual_seed(4097)
+    x = torch.randn(m, k, device="cuda", generator=gen)
+    w = torch.randn(n, k, device="cuda", generator=gen)
+    x_bytes = x.numel() * 4
+    padded = lambda lines: lines * ((k + 3) // 4 * 4) * 4  # (an operand's lines padded to 16 bytes)
+    switches = ("TORCH_WMMAE_A_BY_RESIDUE", "TORCH_WMMAE_B_BY_RESIDUE")
+    outs, extra = {}, {}
+    for setting, off in (("by_residue", ()), ("w_copied", switches[1:]), ("both_copied", switches)):
+        for name in switches:
+            if name in off:
+                monkeypatch.setenv(name, "0")
+            else:
+                monkeypatch.delenv(name, raising=False)
+        with deterministic():
+            outs[setting], extra[setting] = _call_and_extra_bytes(lambda: corrected_matmul(x, w.t(), method=method))
+    assert extra["by_residue"] <= 0.03 * x_bytes, (extra, x_bytes)
+    assert padded(n) <= extra["w_copied"] <= padded(n) + 0.03 * x_bytes, (extra, x_bytes)
+    assert padded(m) + padded(n) <= extra["both_copied"] <= padded(m) + padded(n) + 0.03 * x_bytes, (extra, x_bytes)
+    assert torch.equal(outs["by_residue"], outs["both_copied"]) and torch.equal(outs["w_copied"], outs["both_copied"])
+    ref = torch.matmul(x[:64].double(), w.t().double())
+    assert rel_err(outs["by_residue"][:64], ref) < 1e-6
+
+
 def _k_per_split(k, splits):
     """K elements per split (matmul_plan.cpp's k_per_split): whole 32-k stages."""
     return (-(-k // splits) + 31) // 32 * 32

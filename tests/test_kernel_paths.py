@@ -345,12 +345,14 @@ def _calls_by_switch(monkeypatch, name: str, values, call, deterministic_mode: b
 
 
 def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, what: str,
-                         deterministic_mode: bool = True, exact: bool = True, inf_rows: tuple = ()) -> dict:
+                         deterministic_mode: bool = True, exact: bool = True, inf_rows: tuple = (),
+                         inf_cols: tuple = ()) -> dict:
     """corrected_matmul(a, b, method) at each of the switch's `values` (as _calls_by_switch, each call inside a fresh
     NaN-poisoned pool, so that an output left unwritten shows), under deterministic(deterministic_mode): the same bits
     at each value where `exact` (False where more than two atomics add into an output, in any order), and within the
-    float32 dot product bound; on inf_rows (rows of a 2-D `a` that hold an Inf, where that bound says nothing) the
-    float64 product's +-Infs instead. The names of the kernels each call launched, by value."""
+    float32 dot product bound; on inf_rows (rows of a 2-D `a` that hold an Inf, where that bound says nothing) or
+    inf_cols (columns of a 2-D `b` that do) the float64 product's +-Infs instead. The names of the kernels each call
+    launched, by value."""
     call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
     # (Operand copies may exceed the pool's small blocks. Under compute-sanitizer, where the pool would skip, the
     # tool watches the accesses instead.)
@@ -363,17 +365,28 @@ def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, wh
             torch.testing.assert_close(outs[value], outs[first], rtol=0, atol=0, msg=f"{what}: {switch}={value}")
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     finite = torch.ones(a.shape[-2], dtype=torch.bool, device=a.device)
+    finite_cols = torch.ones(b.shape[-1], dtype=torch.bool, device=b.device)
+    assert not (inf_rows and inf_cols), "(an Inf row meets an Inf column in a NaN or an Inf)"
     if inf_rows:
         assert a.dim() == 2, "inf_rows: rows of a 2-D a"
         finite[list(inf_rows)] = False
         ref = torch.matmul(a[~finite].double(), b.double())
         assert torch.isinf(ref).all(), "each of inf_rows is +-Inf in every column"
+    if inf_cols:
+        assert a.dim() == 2 and b.dim() == 2, "inf_cols: columns of a 2-D b"
+        finite_cols[list(inf_cols)] = False
+        ref = torch.matmul(a.double(), b[:, ~finite_cols].double())
+        assert torch.isinf(ref).all(), "each of inf_cols is +-Inf in every row"
     for value in values if not exact else (first,):
         out = outs[value]
         if inf_rows:
             assert torch.equal(out[~finite], ref.float()), f"{what}, {switch}={value}: the rows of an Inf"
-        assert_matmul_within_dot_product_bound(out[..., finite, :], a.expand(*batch, *a.shape[-2:])[..., finite, :],
-                                               b.expand(*batch, *b.shape[-2:]), f"{what}, {switch}={value}")
+        if inf_cols:
+            assert torch.equal(out[:, ~finite_cols], ref.float()), f"{what}, {switch}={value}: the columns of an Inf"
+        assert_matmul_within_dot_product_bound(out[..., finite, :][..., finite_cols],
+                                               a.expand(*batch, *a.shape[-2:])[..., finite, :],
+                                               b.expand(*batch, *b.shape[-2:])[..., finite_cols],
+                                               f"{what}, {switch}={value}")
     return kernels
 
 
@@ -525,9 +538,10 @@ TMA_CASES = {
     "a_col_unaligned_start": (((130, 72), 132, 2, True), ((72, 136), 136, 0, False), False),
     "b_col_stride_not_16_bytes": (((130, 72), 72, 0, False), ((72, 136), 73, 0, True), False),
 }
-# (With TMA stages: the instantiations of kTma, and those that read A by residue, TmaMaps::a_by_residue.)
+# (With TMA stages: the instantiations of kTma, and those that read A or B by residue, TmaMaps::a_by_residue and
+# b_by_residue.)
 TMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), (true|false), "
-                        r"(true|false)>|corrected_gemm_sm90_kernel_a_by_residue<")
+                        r"(true|false)>|corrected_gemm_sm90_kernel_[ab]_by_residue<")
 TMA_COPIES_SWITCH = "TORCH_WMMAE_TMA_COPIES"
 
 
@@ -562,14 +576,15 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         assert read_by_tma == {"tma": eligible or len(batch) <= 1, "in_place": eligible, "cp_async": False}, kernels
         if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
             layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
-            by_residue = f"corrected_gemm_sm90_kernel_a_by_residue<{str(not a_col).lower()}, {str(not b_col).lower()}, "
+            by_residue = (f"corrected_gemm_sm90_kernel_b_by_residue<{str(not a_col).lower()}, " if b_col else
+                          f"corrected_gemm_sm90_kernel_a_by_residue<{str(not a_col).lower()}, false, ")
             assert any(layout in name or by_residue in name for name in kernels["tma"]), kernels["tma"]
 
 
 TF32_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
 TF32_TMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), true>|"
-                             r"corrected_gemm_sm90_tf32_kernel_a_by_residue<")
-GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_a_by_residue)?<")
+                             r"corrected_gemm_sm90_tf32_kernel_[ab]_by_residue<")
+GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_[ab]_by_residue)?<")
 
 
 # Operands that TMA cannot read in place, which the tile GEMMs read from copies that it can (tma_readable_copy):
@@ -621,7 +636,9 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
 
 
 A_BY_RESIDUE_SWITCH = "TORCH_WMMAE_A_BY_RESIDUE"
-BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_a_by_residue<")
+# (A by residue: the kernels named for it, and those of B by residue with kAResidues, their second argument.)
+BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_(a_by_residue<|b_by_residue<(true|false), true)")
+TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_(a_by_residue<|b_by_residue<(true|false), true)")
 
 
 class ByResidueCase(NamedTuple):
@@ -728,21 +745,132 @@ def test_corrected_matmul_a_by_residue(gen, monkeypatch, case):
         assert any(BY_RESIDUE_KERNEL.search(k) for k in ran) == c.by_residue, ran
         # (auto's tf32 GEMM runs after the fp16 one, and returns at once where every tile was fp16-safe)
         tf32_gemm = c.by_residue and c.method != "fp16" and not c.folds
-        assert any("tf32_kernel_a_by_residue" in k for k in ran) == tf32_gemm, ran
+        assert any(TF32_BY_RESIDUE_KERNEL.search(k) for k in ran) == tf32_gemm, ran
         assert not any(BY_RESIDUE_KERNEL.search(k) for k in copied), copied
         assert all(TMA_KERNEL.search(k) or TF32_TMA_KERNEL.search(k) for k in copied if GEMM_KERNEL.search(k)), copied
+        assert any(PREPASS_KERNEL in k for k in ran) == (not c.folds), ran
+
+
+B_BY_RESIDUE_SWITCH = "TORCH_WMMAE_B_BY_RESIDUE"
+# (B by residue: its kernels' arguments are A row-major, A by residue, and for fp16 read-back and odd width.)
+B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_b_by_residue<(true|false), (true|false)")
+TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_residue<")
+
+
+class BByResidueCase(NamedTuple):
+    a: tuple  # as in TMA_CASES: (shape, line stride, storage offset, column-major)
+    b: tuple  # column-major
+    method: str
+    by_residue: bool = True  # whether B is read by residue (else copied, as with the switch at 0)
+    a_by_residue: bool = False  # whether A is read by residue too (its lines unaligned as well)
+    wide_row: bool = False  # A's row 5 spans 2^80 (auto: its tiles not fp16-safe: the tf32 GEMM or FMAs take them)
+    folds: bool = False  # K <= 128: the tiles fold their own line ranges (no pre-pass kernel, no tf32 kernel)
+    inf_row: bool = False  # A's row 7 holds an Inf
+    inf_col: bool = False  # B's column 9 holds an Inf
+    env: dict = {}  # further switches (never mutated)
+    deterministic: bool = True  # deterministic mode: no split-K or stream-K, whose atomics add into the output
+    atomics_in_any_order: bool = False  # more than two atomics add into an output: the bits may differ
+
+
+# Column-major B (the W.t() of x @ W.t(), or a view with a storage offset) whose columns TMA cannot read as one map,
+# which the tile GEMMs read by residue of its columns instead of copying it: every residue of the column stride and of
+# the offset; K <= 128 (the tiles fold their own line ranges, with an Inf in B: the fold's exact pass at a shift; auto's
+# tiles that are not fp16-safe are FMAs from the stages) and longer (the pre-pass); N = 4 and 5 (residues of one or two
+# columns), N = 3 (too few columns: copied); A aligned (row- or column-major) or by residue itself (rows, or k where
+# column-major); odd widths; chunks of 1024 read back; split-K and stream-K; an Inf in A and in B; the tf32 method and
+# auto's tf32 tiles; a B of 9 MiB read once (M <= 128), which without residues keeps cp.async stages.
+B_BY_RESIDUE_CASES = {
+    "k33_folds_auto": BByResidueCase(((300, 33), 36, 0, False), ((33, 136), 33, 0, True), "auto", folds=True),
+    "k127_offset_1_folds_fp16": BByResidueCase(((257, 127), 128, 0, False), ((127, 200), 128, 1, True), "fp16",
+                                               folds=True),
+    "k65_folds_auto_fma_tiles": BByResidueCase(((300, 65), 68, 0, False), ((65, 136), 65, 0, True), "auto",
+                                               wide_row=True, folds=True),
+    "k65_folds_auto_inf_in_b": BByResidueCase(((300, 65), 68, 0, False), ((65, 136), 65, 0, True), "auto",
+                                              inf_col=True, folds=True),
+    "k1001_fp16_inf_in_b": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 136), 1001, 0, True), "fp16",
+                                          inf_col=True),
+    "k1002_auto": BByResidueCase(((257, 1002), 1004, 0, False), ((1002, 200), 1002, 0, True), "auto"),
+    "k1003_tf32": BByResidueCase(((130, 1003), 1004, 0, False), ((1003, 136), 1003, 0, True), "tf32"),
+    "k1003_auto_inf_in_a": BByResidueCase(((130, 1003), 1004, 0, False), ((1003, 136), 1003, 0, True), "auto",
+                                          inf_row=True),
+    "offset_2_stride_75_folds": BByResidueCase(((257, 72), 72, 0, False), ((72, 136), 75, 2, True), "auto",
+                                               folds=True),
+    "offset_3_k301": BByResidueCase(((130, 301), 304, 0, False), ((301, 136), 304, 3, True), "auto"),
+    "n4": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 4), 1001, 0, True), "fp16"),
+    "n5_odd_width": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 5), 1001, 0, True), "fp16"),
+    "n3_copied": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 3), 1001, 0, True), "fp16", by_residue=False),
+    "x_at_w_t_odd_k_and_width": BByResidueCase(((200, 333), 333, 0, False), ((333, 131), 333, 0, True), "auto",
+                                               a_by_residue=True),
+    "x_at_w_t_odd_k_folds": BByResidueCase(((300, 101), 101, 0, False), ((101, 136), 101, 0, True), "auto",
+                                           a_by_residue=True, folds=True),
+    "a_col_by_residue_k1001": BByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 1001, 0, True), "fp16",
+                                             a_by_residue=True),
+    "a_col_by_residue_tf32": BByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 1001, 0, True), "tf32",
+                                            a_by_residue=True),
+    "a_col_aligned_auto": BByResidueCase(((130, 1001), 132, 0, True), ((1001, 136), 1001, 0, True), "auto"),
+    "chunks_read_back": BByResidueCase(((300, 2101), 2104, 0, False), ((2101, 136), 2101, 0, True), "fp16"),
+    "chunks_read_back_odd_width": BByResidueCase(((130, 2101), 2104, 0, False), ((2101, 133), 2101, 0, True),
+                                                 "fp16"),
+    "wide_row_auto_tf32_tiles": BByResidueCase(((300, 1001), 1004, 0, False), ((1001, 136), 1001, 0, True), "auto",
+                                               wide_row=True),
+    "split_k": BByResidueCase(((130, 4101), 4104, 0, False), ((4101, 136), 4101, 0, True), "fp16",
+                              deterministic=False, atomics_in_any_order=True),
+    "stream_k": BByResidueCase(((200, 3001), 3004, 0, False), ((3001, 301), 3001, 0, True), "fp16",
+                               env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
+    "read_once_9mb": BByResidueCase(((128, 4097), 4100, 0, False), ((4097, 600), 4097, 0, True), "auto"),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(B_BY_RESIDUE_CASES))
+def test_corrected_matmul_b_by_residue(gen, monkeypatch, case):
+    """Where the tile GEMMs would copy a column-major B that TMA cannot read as one map (or, read once, copy its stages
+    with cp.async), they read it in place by residue of its columns (four maps, TmaMaps::b_by_residue): the same bits
+    as with TORCH_WMMAE_B_BY_RESIDUE=0, within the float32 bound, every output written (the pool is NaN-poisoned), B
+    left as it was; the by-residue kernels run exactly where they should, with A by residue where its lines need it."""
+    c = B_BY_RESIDUE_CASES[case]
+    a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
+    b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
+    assert b.stride(0) == 1
+    if c.wide_row:
+        a[5, ::2] *= 2.0 ** -40
+        a[5, 1::2] *= 2.0 ** 40
+    if c.inf_row:
+        a[7, a.shape[1] // 2] = float("inf")
+    if c.inf_col:
+        b[b.shape[0] // 2, 9] = float("-inf")
+    b_before = b.clone()
+    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")  # (the tile GEMMs, which small calls would otherwise not reach)
+    for name, value in c.env.items():
+        monkeypatch.setenv(name, value)
+    kernels = _same_bits_by_switch(monkeypatch, B_BY_RESIDUE_SWITCH, ("default", "0"), a, b, c.method, case,
+                                   deterministic_mode=c.deterministic, exact=not c.atomics_in_any_order,
+                                   inf_rows=(7,) if c.inf_row else (), inf_cols=(9,) if c.inf_col else ())
+    assert torch.equal(b, b_before)
+    if _sees_sm90_kernels():
+        ran, copied = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
+        assert any(GEMM_KERNEL.search(k) for k in ran) and any(GEMM_KERNEL.search(k) for k in copied), (ran, copied)
+        by_residue = [m for m in map(B_BY_RESIDUE_KERNEL.search, ran) if m]
+        assert bool(by_residue) == c.by_residue, ran
+        assert all(m.group(2) == str(not c.a[-1]).lower() and m.group(3) == str(c.a_by_residue).lower()
+                   for m in by_residue), ran
+        # (auto's tf32 GEMM runs after the fp16 one, and returns at once where every tile was fp16-safe)
+        tf32_gemm = c.by_residue and c.method != "fp16" and not c.folds
+        assert any(TF32_B_BY_RESIDUE_KERNEL.search(k) for k in ran) == tf32_gemm, ran
+        assert not any(B_BY_RESIDUE_KERNEL.search(k) for k in copied), copied
         assert any(PREPASS_KERNEL in k for k in ran) == (not c.folds), ran
 
 
 STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
 # The wgmma fp16 GEMM's odd-width instantiations (kOddWidth: the last template argument; kReadBack, the one before
 # the resident pre-pass's, plain or reading back), which stage their rows.
-# (And those that read row-major A by residue: B row-major, kReadBack, kOddWidth.)
-ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false), "
+# (And those that read A or B by residue: A row-major, B row-major or A by residue, kReadBack, kOddWidth.)
+ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_[ab]_by_residue<(true|false), (true|false), (true|false), "
                               r"true>|"
                               r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "
                               r"true>")
-ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), true, "
+ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_[ab]_by_residue<(true|false), (true|false), true, "
                                         r"true>|"
                                         r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, true, false, "
                                         r"true>")

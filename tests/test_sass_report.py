@@ -118,6 +118,11 @@ TF32_WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (
 BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false), "
                                r"(true|false)>")
 TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_a_by_residue<(true|false), (true|false)>")
+# B read by residue (column-major, TMA stages): A row-major, A by residue, read-back, odd width; tf32: A row-major, A by
+# residue
+B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_b_by_residue<(true|false), (true|false), (true|false), "
+                                 r"(true|false)>")
+TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_residue<(true|false), (true|false)>")
 
 
 def test_wgmma_stage_loops_do_not_spill():
@@ -126,7 +131,8 @@ def test_wgmma_stage_loops_do_not_spill():
     with TMA or cp.async stages, in any layout, with and without read-back chunks, for odd widths. (sass.md lists
     the others.)"""
     rows = [r for r in _extension_rows() if r["arch"] == "sm_90a"]
-    checked = {"fp16": 0, "tf32": 0, "fp16 by residue": 0, "tf32 by residue": 0}
+    checked = {"fp16": 0, "tf32": 0, "fp16 by residue": 0, "tf32 by residue": 0, "fp16 B by residue": 0,
+               "tf32 B by residue": 0}
     for r in rows:
         fp16 = WGMMA_KERNEL.fullmatch(r["kernel"])
         if fp16 and fp16.group(5) == "false":
@@ -138,6 +144,12 @@ def test_wgmma_stage_loops_do_not_spill():
         elif TF32_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
             checked["tf32 by residue"] += 1
             assert r["tensor_core"] >= 12, r
+        elif B_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
+            checked["fp16 B by residue"] += 1
+            assert r["tensor_core"] >= 6, r
+        elif TF32_B_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
+            checked["tf32 B by residue"] += 1
+            assert r["tensor_core"] >= 12, r
         elif TF32_WGMMA_KERNEL.fullmatch(r["kernel"]):
             checked["tf32"] += 1
             assert r["tensor_core"] >= 12, r  # four k-steps of three products per stage
@@ -147,8 +159,10 @@ def test_wgmma_stage_loops_do_not_spill():
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
     # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back, and with TMA stages
     # for odd widths, with and without read-back; tf32: no read-back; by residue: A and B row- or column-major, with
-    # and without read-back and odd widths (fp16), A and B row- or column-major (tf32)
-    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 16, "tf32 by residue": 4}
+    # and without read-back and odd widths (fp16), A and B row- or column-major (tf32); B by residue: A row- or
+    # column-major, by residue or not, with and without read-back and odd widths (fp16), without (tf32)
+    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 16, "tf32 by residue": 4, "fp16 B by residue": 16,
+                       "tf32 B by residue": 4}
 
 
 def test_small_gemm_product_loops_do_not_spill():

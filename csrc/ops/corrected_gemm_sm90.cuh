@@ -5,8 +5,8 @@
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
 //   (a box per warp, an mbarrier per slot) when TMA can read both operands in place, row- or column-major
 //   (kTma; an A whose lines one map cannot read, in four maps by residue of its rows, AResidueStageTile, or of its
-//   columns where it is column-major, AKResidueStageTile),
-//   else by cp.async from every thread.
+//   columns where it is column-major, AKResidueStageTile; a column-major B whose columns one map cannot read, in four
+//   maps by residue of its columns, BResidueStageTile), else by cp.async from every thread.
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
 //   so A's hi/lo never touch shared memory.
@@ -119,6 +119,31 @@ struct AKResidueStageTile {
   static constexpr int shift(int lines8, int inner32) { return lines8 * 2 * kLd + inner32 * 32; }
 };
 
+// B's stage tile where TMA reads a column-major B by residue of its columns (TmaMaps::b_by_residue): box j (lines
+// 32 j .. 32 j + 31) holds the tile's columns j, j + 4, ... (line_of_column), 36 floats each from the 16-byte aligned
+// k0 of the stage, unswizzled, in which the stage's 32 k start at column shift[j] < 4 of the box
+// (encode_fp32_residue_maps). As for column-major A by residue of its k, only B's readers follow: the split, the fold
+// of B's lines and the FMA tiles read each column at its line and shift, and the hi/lo tiles, the line scales and the
+// flush keep the tile's column order.
+struct BResidueStageTile {
+  static constexpr int kOuter = kBlockN;
+  static constexpr int kInner = kBlockK;
+  static constexpr int kLd = kBlockK + 4;
+  static constexpr int kBoxLines = 32;
+  static constexpr int kBoxes = kOuter / kBoxLines;
+  static constexpr int kFloats = kOuter * kLd;
+  static constexpr int kBoxFloats = kBoxLines * kLd;
+  static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
+  // (Lines of 36 floats from a shift, as AResidueStageTile's: fold_stage_line's path for them.)
+  static constexpr bool kByResidue = true;
+  static constexpr bool kKByResidue = false;
+  __device__ static constexpr int line_of_column(int n) { return n % 4 * kBoxLines + n / 4; }
+  // Offset in floats of element (n, k) of the stage, before its column's shift.
+  __device__ static int offset(int n, int k) { return line_of_column(n) * kLd + k; }
+  // (Column n + 8 lies two lines further in the same box.)
+  static constexpr int shift(int lines8, int inner32) { return lines8 * 2 * kLd + inner32 * 32; }
+};
+
 // B's hi and lo tiles as wgmma reads them, no swizzle: 8x8 core matrices of 128 bytes; core matrices
 // adjacent in n are kSbo apart, adjacent in k kLbo apart. Inside a core matrix, in B's orientation in global
 // memory, so that the split reads and writes runs of the same direction: K-major (B column-major: 8 columns
@@ -198,12 +223,14 @@ struct alignas(16) NextBox {
   int line, z, k_begin, stages;
 };
 
-template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16, bool kAResidues = false>
+template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16, bool kAResidues = false,
+          bool kBResidues = false>
 struct Config {
   static_assert(!kAResidues || kTma, "A by residue: TMA stages");
+  static_assert(!kBResidues || (kTma && !kBRowMajor), "B by residue: column-major, TMA stages");
   using A = std::conditional_t<kAResidues, std::conditional_t<kARowMajor, AResidueStageTile, AKResidueStageTile>,
                                StageTile<kARowMajor, kBlockM, kBlockK, kTma>>;
-  using B = StageTile<kBRowMajor, kBlockK, kBlockN, kTma>;
+  using B = std::conditional_t<kBResidues, BResidueStageTile, StageTile<kBRowMajor, kBlockK, kBlockN, kTma>>;
   // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, the output tile and the
   // block's current piece of work, then (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants
   // 1024-byte aligned boxes: the kernel aligns the base.
@@ -226,19 +253,22 @@ struct Config {
 // an operand without its own batch index (no batch, or broadcast) is read at batch coordinate 0.
 // a_by_residue: TMA cannot read A's lines as one map (a line stride or start that is not a multiple of 16 bytes: an
 // odd K or M, a storage offset), so the corrected_gemm_sm90*_kernel_a_by_residue instantiations read them by residue
-// (rows where A is row-major, columns where column-major), with AResidueMaps instead of `a`.
+// (rows where A is row-major, columns where column-major), with ResidueMaps instead of `a`. b_by_residue: the same
+// for a column-major B's columns (the corrected_gemm_sm90*_kernel_b_by_residue instantiations, with A by residue or
+// not), with ResidueMaps instead of `b`.
 struct TmaMaps {
   CUtensorMap a, b;
-  bool a_batched, b_batched, a_by_residue;
+  bool a_batched, b_batched, a_by_residue, b_by_residue;
 };
 
-// A read by residue of its lines (TmaMaps::a_by_residue): map j holds lines j, j + 4, j + 8, ... (4 lines apart: a
-// stride of a multiple of 16 bytes) from a 16-byte aligned start shift[j] floats before line j's first element.
-// Row-major, element (row, k) is at (k + shift[row % 4], row / 4), and each stage loads its 128 rows as four boxes of
-// AResidueStageTile, one per residue; column-major, element (row, k) is at (row + shift[k % 4], k / 4), and each
-// stage loads its 32 k as four boxes of AKResidueStageTile. A kernel parameter of those instantiations only (the
+// An operand read by residue of its lines (TmaMaps::a_by_residue, b_by_residue): map j holds lines j, j + 4, j + 8, ...
+// (4 lines apart: a stride of a multiple of 16 bytes) from a 16-byte aligned start shift[j] floats before line j's
+// first element. A row-major, element (row, k) is at (k + shift[row % 4], row / 4), and each stage loads its 128 rows
+// as four boxes of AResidueStageTile, one per residue; A column-major, element (row, k) is at (row + shift[k % 4],
+// k / 4), and each stage loads its 32 k as four boxes of AKResidueStageTile; B column-major, element (k, n) is at
+// (k + shift[n % 4], n / 4), four boxes of BResidueStageTile. A kernel parameter of those instantiations only (the
 // others' registers turned on the size of TmaMaps).
-struct AResidueMaps {
+struct ResidueMaps {
   CUtensorMap maps[kLineResidues];
   int shift[kLineResidues];
 };
@@ -284,7 +314,7 @@ __device__ __forceinline__ void stagger_start(int stagger_blocks) {
 // Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row. A by residue
 // (AResidueStageTile): the line's box columns [inner_shift, inner_shift + 32) are its k, of the 36 read as float4s
 // (inner_shift is the same in a warp's 32 lines: no divergence). Column-major A by residue of its k
-// (AKResidueStageTile): element k of the line at k's line and shift, k_shifts[k % 4] (AResidueMaps::shift).
+// (AKResidueStageTile): element k of the line at k's line and shift, k_shifts[k % 4] (ResidueMaps::shift).
 template <class Tile, bool kKInner, class Fold>
 __device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line, int inner_shift = 0,
                                                 const int* k_shifts = nullptr) {
@@ -367,16 +397,19 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
 // hold TMA's zeros, whose products leave a sum from +0 unchanged, so k runs on to a multiple of four. Not inlined:
 // inlined, its registers moved spills into the stage loop of the instantiation with both operands column-major, and
 // changed the other stage loops' registers (ptxas, CUDA 13.0); as a call the stage loops are main's but for one
-// or two equivalent instructions. A by residue (AResidueStageTile): one more argument, AResidueMaps::shift (a
+// or two equivalent instructions. A by residue (AResidueStageTile): one more argument, ResidueMaps::shift (a
 // parameter pack, so that the others' calls stay as they were); tile row r is line 32 (r % 4) + r / 4, its k from
 // column shift[r % 4], read one float at a time. Column-major A by residue of its k (AKResidueStageTile): the same
-// argument; k c + q at its line and shift[q] (c is a multiple of 4), four rows read one float at a time.
-template <class A, class B, bool kARowMajor, bool kBRowMajor, class... AResidueShifts>
+// argument; k c + q at its line and shift[q] (c is a multiple of 4), four rows read one float at a time. Column-major
+// B by residue of its columns (BResidueStageTile): its shifts after A's, if any; column col_of(4 h + q) (of residue q)
+// at its line and shift[q], four k read one float at a time.
+template <class A, class B, bool kARowMajor, bool kBRowMajor, class... ResidueShifts>
 __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const float* stage_b, int first_slot,
                                                      int k_count, float* origin, std::int64_t n, int rows, int cols,
-                                                     const AResidueShifts*... a_residue_shift) {
-  static_assert(sizeof...(AResidueShifts) == (A::kByResidue || A::kKByResidue ? 1 : 0),
-                "the shifts where A is read by residue");
+                                                     const ResidueShifts*... residue_shifts) {
+  constexpr bool kAResidues = A::kByResidue || A::kKByResidue, kBResidues = B::kByResidue;
+  static_assert(sizeof...(ResidueShifts) == int{kAResidues} + int{kBResidues},
+                "the shifts of the operands read by residue: A's, then B's");
   constexpr int kRows = 4, kCols = 8, kColGroups = kBlockN / 2 / 4;  // (16 threads across a row of the tile)
   static_assert(kThreads * kRows * kCols * 2 == kBlockM * kBlockN, "one tile in two passes");
   const int c0 = threadIdx.x % kColGroups * 4;
@@ -399,12 +432,12 @@ __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const fl
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           if constexpr (A::kByResidue) {  // q: a row (r0 % 4 = 0: row r0 + q of residue q), four k
-            const int* const shift[] = {a_residue_shift...};
+            const int* const shift[] = {residue_shifts...};
             const float* line = sa + A::offset(A::kBoxLines * q + r0 / 4, shift[0][q] + c);
 #pragma unroll
             for (int e = 0; e < 4; ++e) av[q][e] = line[e];
           } else if constexpr (A::kKByResidue) {  // q: a k (c % 4 = 0: of residue q), four rows
-            const int* const shift[] = {a_residue_shift...};
+            const int* const shift[] = {residue_shifts...};
             const float* rows = sa + A::offset(c + q, r0) + shift[0][q];
 #pragma unroll
             for (int e = 0; e < 4; ++e) av[e][q] = rows[e];
@@ -426,6 +459,11 @@ __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const fl
               const float4 v = f4(sb + B::offset(c + q, col_of(4 * h)));
 #pragma unroll
               for (int e = 0; e < 4; ++e) bv[q][4 * h + e] = at(v, e);
+            } else if constexpr (kBResidues) {  // q: a column (c0 % 4 = 0: of residue q), four k
+              const int* const shift[] = {residue_shifts...};
+              const float* column = sb + B::offset(col_of(4 * h + q), c) + shift[sizeof...(ResidueShifts) - 1][q];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) bv[e][4 * h + q] = column[e];
             } else {  // q: a column, four k
               const float4 v = f4(sb + B::offset(col_of(4 * h + q), c));
 #pragma unroll
@@ -475,16 +513,20 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // instantiation, so that the others' code stays as it was: with the staging in every instantiation, aligned shapes
 // were 1-4% slower, H200). kAResidues: A read by TMA by residue of its lines (TmaMaps::a_by_residue): row-major, its
 // stage lines in the order of tile_row_of_line, which the line scales and the flush follow (AResidueStageTile); or
-// column-major, by residue of its k, which only A's readers follow (AKResidueStageTile).
+// column-major, by residue of its k, which only A's readers follow (AKResidueStageTile). kBResidues: a column-major B
+// read by TMA by residue of its columns (TmaMaps::b_by_residue), which only B's readers follow (BResidueStageTile).
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass, bool kOddWidth,
-          bool kAResidues = false>
+          bool kAResidues = false, bool kBResidues = false>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps,
-                                                    const AResidueMaps* a_residues = nullptr) {
+                                                    const ResidueMaps* a_residues = nullptr,
+                                                    const ResidueMaps* b_residues = nullptr) {
   static_assert(!kBesidePrepass || (kTma && !kReadBack), "the resident pre-pass runs beside TMA stages only");
   static_assert(kM == Method::fp16 || !(kReadBack || kBesidePrepass), "tf32: the plain instantiations only");
   static_assert(!kOddWidth || (kM == Method::fp16 && kTma && !kBesidePrepass && staging_fits<kM>()),
                 "odd widths: the fp16 instantiations with TMA stages (plain or reading back) only");
   static_assert(!kAResidues || (kTma && !kBesidePrepass), "A by residue: TMA stages, not beside the pre-pass");
+  static_assert(!kBResidues || (kTma && !kBesidePrepass && !kBRowMajor),
+                "B by residue: column-major, TMA stages, not beside the pre-pass");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
   constexpr bool kARowResidues = kAResidues && kARowMajor, kAKResidues = kAResidues && !kARowMajor;
@@ -503,7 +545,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // Row-major B in TMA stages is split into MN-major hi/lo tiles (H200, 4096^3: +3.7%); from cp.async
   // stages the K-major split measured faster (MN-major 4-8% slower). tf32 tiles are K-major.
   constexpr bool kBMnMajor = kBRowMajor && kTma && !kTf32;
-  using Cfg = Config<kARowMajor, kBRowMajor, kTma, kM, kAResidues>;
+  using Cfg = Config<kARowMajor, kBRowMajor, kTma, kM, kAResidues, kBResidues>;
   using A = typename Cfg::A;
   using B = typename Cfg::B;
   // A TMA stage is A's boxes, then B's (see StageTile), at most eight: box j is issued by lane 0 of warp j,
@@ -589,13 +631,20 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     }
   }
   // B: MN-major split, row b_mn_row; K-major, column b_split_col(0) at k b_split_k(0) + d (row-major:
-  // b_elem_off[d]) or at k b_split_k(kc) (column-major: b_elem_off[kc], the 128-byte swizzle mixes k's 8s).
+  // b_elem_off[d]) or at k b_split_k(kc) (column-major: b_elem_off[kc], the 128-byte swizzle mixes k's 8s). By
+  // residue of its columns, column n's k start at column b_column_shift(n) of its line (see BResidueStageTile): the
+  // same for each of a thread's columns (n % 4 is fixed per thread).
+  auto b_column_shift = [&](int n) {
+    if constexpr (kBResidues) return b_residues->shift[n % 4];
+    return 0;
+  };
   int b_elem_off[kBlockK / 8];
 #pragma unroll
   for (int j = 0; j < kBlockK / 8; ++j) {
     b_elem_off[j] = sizeof(float) * (kBMnMajor    ? B::offset(b_mn_row, b_mn_col)
                                      : kBRowMajor ? B::offset(b_split_k(0) + j % 2, b_split_col(0))
-                                                  : B::offset(b_split_col(0), b_split_k(j)));
+                                                  : B::offset(b_split_col(0), b_split_k(j)) +
+                                                        b_column_shift(b_split_col(0)));
   }
   const int split_off = kBMnMajor ? split_offset<true>(b_mn_col, b_mn_row)
                                   : split_offset<false>(b_split_col(0), b_split_k(0));
@@ -604,7 +653,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // StageTile::shift) or a_tf32_off[2 h + i] (column-major, + 8 s lines by StageTile::shift). B's split: warp w
   // converts columns 16 w .. 16 w + 15, lane = 16 kg + c column 16 w + c at the k groups (4 k) kg + 2 j, j < 4,
   // reading them from (k, n) at b_tf32_off[e] + 8 j lines (row-major: rows 4 kg + e; four loads, which the
-  // swizzle keeps in 32 banks) or from b_tf32_off[j] (column-major: one 16-byte load), and writing each group
+  // swizzle keeps in 32 banks) or from b_tf32_off[j] (column-major: one 16-byte load; by residue, four), and writing
+  // each group
   // as one 16-byte row of a core matrix at tf32_split_off + j * 2 kLbo.
   const int tf32_n = 16 * warp + lane % 16, tf32_kg = lane / 16;
   int a_tf32_off[8], b_tf32_off[4];
@@ -617,7 +667,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     b_tf32_off[j] = sizeof(float) * (kBRowMajor ? B::offset(4 * tf32_kg + j, tf32_n)
-                                                : B::offset(tf32_n, 4 * (tf32_kg + 2 * j)));
+                                                : B::offset(tf32_n, 4 * (tf32_kg + 2 * j)) + b_column_shift(tf32_n));
   }
   const int tf32_split_off = tf32_split_offset(tf32_n, 4 * tf32_kg);
 
@@ -663,10 +713,14 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     const bool box_of_a = warp < A::kBoxes;
     const int box = box_of_a ? warp : warp - A::kBoxes;
     // (By residue: A's box j is map j's, at outer coordinate m0 / 4 (AResidueStageTile), or column-major at inner
-    // coordinate m0 and outer k0 / 4 (AKResidueStageTile).)
+    // coordinate m0 and outer k0 / 4 (AKResidueStageTile); B's box j is map j's, at outer coordinate n0 / 4
+    // (BResidueStageTile).)
     const CUtensorMap* box_map = box_of_a ? &maps.a : &maps.b;
     if constexpr (kAResidues) {
       if (box_of_a) box_map = &a_residues->maps[box];
+    }
+    if constexpr (kBResidues) {
+      if (!box_of_a) box_map = &b_residues->maps[box];
     }
     const unsigned box_bytes = box_of_a ? A::kBoxBytes : B::kBoxBytes;
     // (A ring slot's A and B tiles differ in size where A is read by residue.)
@@ -678,6 +732,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         if (box_of_a) return static_cast<int>(tile_m0 / 4);
       } else if constexpr (kAKResidues) {
         if (box_of_a) return static_cast<int>(tile_m0);
+      }
+      if constexpr (kBResidues) {
+        if (!box_of_a) return static_cast<int>(tile_n0 / 4);
       }
       return static_cast<int>(box_of_a ? tile_m0 : tile_n0) + box * 32;
     };
@@ -775,12 +832,14 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       if constexpr (kARowResidues) r_shift = r < kBlockM ? a_residues->shift[r / AResidueStageTile::kBoxLines] : 0;
       const int* k_shifts = nullptr;  // (column-major by residue of k: each k's shift, see AKResidueStageTile)
       if constexpr (kAKResidues) k_shifts = a_residues->shift;
+      int column_shift = 0;  // (B by residue: column r - kBlockM's first k in its line, see BResidueStageTile)
+      if constexpr (kBResidues) column_shift = r < kBlockM ? 0 : b_column_shift(r - kBlockM);
       for (int s = 0; s < k_tiles; ++s) {
         wait_tma_stage(s);
         if (r < kBlockM) {
           fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r, r_shift, k_shifts);
         } else {
-          fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM);
+          fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM, column_shift);
         }
       }
       std::int64_t index;  // (unused: the ranges are this tile's own)
@@ -789,7 +848,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
                           index);
       const ExponentRange range =
           r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r, r_shift, k_shifts)
-                      : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM);
+                      : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM,
+                                                        column_shift);
       return line_scales_from<kM>(scales, in_matrix, range);
     };
     auto load_scales = [&]() {
@@ -810,10 +870,18 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
       if constexpr (kTileRangesCode) {  // (compiled only there)
         if (tiles_fold()) {  // (every stage of the tile has landed: fold_line_scales)
-          if constexpr (kAResidues) {
+          if constexpr (kAResidues && kBResidues) {
+            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
+                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
+                                                               a_residues->shift, b_residues->shift);
+          } else if constexpr (kAResidues) {
             fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
                                                                static_cast<int>(k_end - k_begin), origin, n, rows, cols,
                                                                a_residues->shift);
+          } else if constexpr (kBResidues) {
+            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
+                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
+                                                               b_residues->shift);
           } else {
             fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
                                                                static_cast<int>(k_end - k_begin), origin, n, rows, cols);
@@ -870,6 +938,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
               return *reinterpret_cast<const float*>(src + b_tf32_off[e] + sizeof(float) * B::shift(j, 0));
             };
             q[j] = make_float4(at(0), at(1), at(2), at(3));
+          } else if constexpr (kBResidues) {  // (a column's shift leaves its k 4-byte aligned only)
+            const float* p = reinterpret_cast<const float*>(src + b_tf32_off[j]);
+            q[j] = make_float4(p[0], p[1], p[2], p[3]);
           } else {
             q[j] = *reinterpret_cast<const float4*>(src + b_tf32_off[j]);
           }
@@ -923,6 +994,9 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           if constexpr (kBRowMajor) {
             v[h][kc] = make_float2(*reinterpret_cast<const float*>(at(0, kc, 2 * h)),
                                    *reinterpret_cast<const float*>(at(1, kc, 2 * h)));
+          } else if constexpr (kBResidues) {  // (column 64 h further: 16 lines of its box; 4-byte aligned only)
+            const float* p = reinterpret_cast<const float*>(at(kc, 8 * h, 0));
+            v[h][kc] = make_float2(p[0], p[1]);
           } else {
             v[h][kc] = *reinterpret_cast<const float2*>(at(kc, 8 * h, 0));
           }
@@ -1425,7 +1499,7 @@ __global__ void __maxnreg__(255) corrected_gemm_sm90_tf32_kernel(GemmArgs args, 
 template <bool kARowMajor, bool kBRowMajor, bool kReadBack, bool kOddWidth>
 __global__ void __maxnreg__(255)
     corrected_gemm_sm90_kernel_a_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
-                                            const __grid_constant__ AResidueMaps a_residues) {
+                                            const __grid_constant__ ResidueMaps a_residues) {
   corrected_gemm_sm90<Method::fp16, kARowMajor, kBRowMajor, true, kReadBack, false, kOddWidth, true>(args, maps,
                                                                                                     &a_residues);
 }
@@ -1433,8 +1507,28 @@ __global__ void __maxnreg__(255)
 template <bool kARowMajor, bool kBRowMajor>
 __global__ void __maxnreg__(255)
     corrected_gemm_sm90_tf32_kernel_a_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
-                                                 const __grid_constant__ AResidueMaps a_residues) {
+                                                 const __grid_constant__ ResidueMaps a_residues) {
   corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, true, false, false, false, true>(args, maps, &a_residues);
+}
+
+// The same kernels for a column-major B read by residue of its columns (TmaMaps::b_by_residue), with A by residue of
+// its lines (kAResidues, a_residues) or read with maps.a.
+template <bool kARowMajor, bool kAResidues, bool kReadBack, bool kOddWidth>
+__global__ void __maxnreg__(255)
+    corrected_gemm_sm90_kernel_b_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
+                                            const __grid_constant__ ResidueMaps a_residues,
+                                            const __grid_constant__ ResidueMaps b_residues) {
+  corrected_gemm_sm90<Method::fp16, kARowMajor, false, true, kReadBack, false, kOddWidth, kAResidues, true>(
+      args, maps, &a_residues, &b_residues);
+}
+
+template <bool kARowMajor, bool kAResidues>
+__global__ void __maxnreg__(255)
+    corrected_gemm_sm90_tf32_kernel_b_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
+                                                 const __grid_constant__ ResidueMaps a_residues,
+                                                 const __grid_constant__ ResidueMaps b_residues) {
+  corrected_gemm_sm90<Method::tf32, kARowMajor, false, true, false, false, false, kAResidues, true>(
+      args, maps, &a_residues, &b_residues);
 }
 
 }  // namespace sm90

@@ -61,7 +61,7 @@
 namespace wmmae_ops {
 namespace sm90 {
 struct TmaMaps;  // corrected_gemm_sm90.cuh
-struct AResidueMaps;
+struct ResidueMaps;
 }  // namespace sm90
 namespace {
 
@@ -635,7 +635,8 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
 // an fp16 GEMM that folds its own line ranges, any kernel (that GEMM waits for it before its first loads), which it
 // may overlap (see allow_dependent_grid). sm_count: of the device it runs on. tma_maps: A's and B's TMA maps, which
 // the wgmma GEMMs read with (the call encodes them once: corrected_matmul_cuda's tma_reads), or null where TMA cannot
-// read an operand: then they copy their stages with cp.async. a_residue_maps: where tma_maps->a_by_residue, A's maps.
+// read an operand: then they copy their stages with cp.async. a_residue_maps, b_residue_maps: where
+// tma_maps->a_by_residue or b_by_residue, that operand's maps.
 struct GemmLaunch {
   dim3 grid;
   cudaStream_t stream;
@@ -644,8 +645,16 @@ struct GemmLaunch {
   int sm_count;
   const sm90::TmaMaps* tma_maps;
   unsigned persistent_batch_slots;  // the grid's z extent for the wgmma fp16 kernel with TMA stages, where > 0
-  const sm90::AResidueMaps* a_residue_maps;
+  const sm90::ResidueMaps* a_residue_maps;
+  const sm90::ResidueMaps* b_residue_maps;
 };
+
+// Calls f(std::bool_constant<x>{}): picks a kernel instantiation from a run-time flag.
+template <class F>
+void with_flag(bool x, F&& f) {
+  if (x) f(std::true_type{});
+  else f(std::false_type{});
+}
 
 // Calls f(std::bool_constant<x>{}, std::bool_constant<y>{}): picks a kernel instantiation from two run-time flags.
 template <class F>
@@ -689,30 +698,39 @@ bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
          !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
 }
 
+// The same for a column-major B (the W.t() of x @ W.t() with an odd K, or a view with a storage offset), read in place
+// by residue of its columns (TmaMaps::b_by_residue), unless TORCH_WMMAE_B_BY_RESIDUE=0 keeps the copy or the cp.async
+// stages (the outputs are the same bits). A row-major B whose rows TMA cannot read (an odd N) is still copied.
+bool b_by_residue_applies(const GemmArgs& args, bool b_row) {
+  return !b_row && args.num_batches == 1 && args.n >= sm90::kLineResidues && !env_is("TORCH_WMMAE_B_BY_RESIDUE", "0");
+}
+
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
 // where such an operand is at least kCopiedOnceMinBytes and one line of output tiles reads it (B where M <= 128, A
-// where N <= 128 and it is not read by residue: a_by_residue). The GEMM then reads it once either way, and the copy's
-// extra read and write cost more than the TMA stages save. H200, session 99, same build, us per call back to back,
-// auto, TORCH_WMMAE_SMALL_GEMM=0, copies / cp.async (TORCH_WMMAE_TMA_COPIES=0) (torch fp32), B of odd width read once:
-// 128 x 4097 x 4096 139.9 / 106.7 (110.0), 128 x 4097 x 1024 54.9 / 43.5 (37.9), 128 x 16385 x 4096 480 / 395 (375); A
-// of odd K read once: 4096 x 128 x 4097 117.1 / 94.2 (99.7); but a small B read once, 128 x 4097 x 256 (4 MB), 26.1 /
-// 37.7. Read twice it is mixed: 256 x 4097 x 4096 181.7 / 174.4, 256 x 4097 x 1024 64.2 / 56.7, 4096 x 256 x 4097 148.8
-// / 153.8, 256 x 8193 x 8192 626 / 656; from three times the copies win: 384 x 4097 x 4096 224 / 245, 512 x 4097 x 1024
-// 62.2 / 81.7.
+// where N <= 128, each where it is not read by residue: a_by_residue, b_by_residue). The GEMM then reads it once either
+// way, and the copy's extra read and write cost more than the TMA stages save. H200, session 99, same build, us per
+// call back to back, auto, TORCH_WMMAE_SMALL_GEMM=0, copies / cp.async (TORCH_WMMAE_TMA_COPIES=0) (torch fp32), B of
+// odd width read once: 128 x 4097 x 4096 139.9 / 106.7 (110.0), 128 x 4097 x 1024 54.9 / 43.5 (37.9), 128 x 16385 x
+// 4096 480 / 395 (375); A of odd K read once: 4096 x 128 x 4097 117.1 / 94.2 (99.7); but a small B read once, 128 x
+// 4097 x 256 (4 MB), 26.1 / 37.7. Read twice it is mixed: 256 x 4097 x 4096 181.7 / 174.4, 256 x 4097 x 1024 64.2 /
+// 56.7, 4096 x 256 x 4097 148.8 / 153.8, 256 x 8193 x 8192 626 / 656; from three times the copies win: 384 x 4097 x
+// 4096 224 / 245, 512 x 4097 x 1024 62.2 / 81.7.
 constexpr std::int64_t kCopiedOnceMinBytes = std::int64_t{8} << 20;
-bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable, bool a_by_residue) {
+bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable, bool a_by_residue, bool b_by_residue) {
   const std::int64_t floats_a = args.num_batches * args.m * args.k, floats_b = args.num_batches * args.k * args.n;
   const bool a_read_once = !readable.a && !a_by_residue && args.n <= kGemmTile && 4 * floats_a >= kCopiedOnceMinBytes;
-  const bool b_read_once = !readable.b && args.m <= kGemmTile && 4 * floats_b >= kCopiedOnceMinBytes;
+  const bool b_read_once = !readable.b && !b_by_residue && args.m <= kGemmTile && 4 * floats_b >= kCopiedOnceMinBytes;
   return !a_read_once && !b_read_once;
 }
 
 // Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps; with a_by_residue (not null), an
 // A that one map cannot read (a line stride or start that is not a multiple of 16 bytes) by residue of its lines
 // instead (rows where A is row-major, k where it is column-major), into *a_by_residue, where those maps encode
-// (TmaMaps::a_by_residue).
+// (TmaMaps::a_by_residue); with b_by_residue (not null), a column-major B so by residue of its columns
+// (TmaMaps::b_by_residue).
 template <bool kARowMajor, bool kBRowMajor>
-TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::AResidueMaps* a_by_residue) {
+TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::ResidueMaps* a_by_residue,
+                             sm90::ResidueMaps* b_by_residue) {
   using Cfg = sm90::Config<kARowMajor, kBRowMajor, true>;
   using Tf32Cfg = sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32>;
   static_assert(std::is_same_v<typename Cfg::A, typename Tf32Cfg::A> &&
@@ -738,21 +756,30 @@ TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::AR
                                        kARowMajor ? args.k : args.m, kARowMajor ? args.m : args.k, a_line_stride,
                                        args.num_batches, a_bs, ATile::kLd, ATile::kBoxLines);
   }
-  const bool b = b_inner_stride == 1 &&
-                 sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
-                                               kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
-                                               Cfg::B::kOuter);
+  bool b = b_inner_stride == 1 &&
+           sm90::encode_fp32_operand_map(&maps->b, &maps->b_batched, args.b, kBRowMajor ? args.n : args.k,
+                                         kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
+                                         Cfg::B::kOuter);
+  maps->b_by_residue = false;
+  if constexpr (!kBRowMajor) {
+    if (!b && b_by_residue != nullptr && b_inner_stride == 1) {
+      using BTile = typename sm90::Config<kARowMajor, false, true, Method::fp16, false, true>::B;
+      b = maps->b_by_residue =
+          sm90::encode_fp32_residue_maps(b_by_residue->maps, b_by_residue->shift, &maps->b_batched, args.b, args.k,
+                                         args.n, b_line_stride, args.num_batches, b_bs, BTile::kLd, BTile::kBoxLines);
+    }
+  }
   return {a, b};
 }
 
 // tma_operand_maps for the operands' layout (a_row, b_row: row-major). The wgmma kernel's fp32 stages come by TMA
 // where TMA can read both operands, with these maps; otherwise by cp.async (also where KernelChoice::sm90_tma is off).
 TmaReadable encode_operand_maps(const GemmArgs& args, bool a_row, bool b_row, sm90::TmaMaps* maps,
-                                sm90::AResidueMaps* a_by_residue) {
-  return a_row ? (b_row ? tma_operand_maps<true, true>(args, maps, a_by_residue)
-                        : tma_operand_maps<true, false>(args, maps, a_by_residue))
-               : (b_row ? tma_operand_maps<false, true>(args, maps, a_by_residue)
-                        : tma_operand_maps<false, false>(args, maps, a_by_residue));
+                                sm90::ResidueMaps* a_by_residue, sm90::ResidueMaps* b_by_residue) {
+  return a_row ? (b_row ? tma_operand_maps<true, true>(args, maps, a_by_residue, b_by_residue)
+                        : tma_operand_maps<true, false>(args, maps, a_by_residue, b_by_residue))
+               : (b_row ? tma_operand_maps<false, true>(args, maps, a_by_residue, b_by_residue)
+                        : tma_operand_maps<false, false>(args, maps, a_by_residue, b_by_residue));
 }
 #endif
 
@@ -916,14 +943,26 @@ bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs
 // pieces, this kernel takes them whole), in one wave's batch slots for auto (see tf32_exit_grid).
 template <Method M, bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
-  // (A by residue: in TMA stages only, never beside the resident pre-pass.)
+  // (A or B by residue: in TMA stages only, never beside the resident pre-pass; B column-major only.)
   [[maybe_unused]] const bool a_by_residue = kTma && maps.a_by_residue;
+  [[maybe_unused]] const bool b_by_residue = kTma && !kBRowMajor && maps.b_by_residue;
   if constexpr (M == Method::tf32) {
     GemmArgs tf32_args = args;
     tf32_args.stream_k_blocks = 0;
     GemmLaunch tf32_launch = launch;
     if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
     constexpr std::size_t kSmem = sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes;
+    if constexpr (kTma && !kBRowMajor) {
+      if (b_by_residue) {
+        with_flag(a_by_residue, [&](auto a_residues) {
+          constexpr bool kAResidues = decltype(a_residues)::value;
+          launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_b_by_residue<kARowMajor, kAResidues>>(
+              sm90::Config<kARowMajor, false, true, Method::tf32, kAResidues, true>::kSmemBytes, tf32_launch,
+              tf32_args, maps, *launch.a_residue_maps, *launch.b_residue_maps);
+        });
+        return;
+      }
+    }
     if constexpr (kTma) {
       if (a_by_residue) {
         launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_a_by_residue<kARowMajor, kBRowMajor>>(
@@ -939,7 +978,8 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     GemmLaunch fp16_launch = launch;
     if constexpr (kTma) {
       if (launch.persistent_batch_slots > 0) fp16_launch.grid.z = launch.persistent_batch_slots;
-      TORCH_INTERNAL_ASSERT(!(a_by_residue && args.prepass_items_done != nullptr), "A by residue beside the pre-pass");
+      TORCH_INTERNAL_ASSERT(!((a_by_residue || b_by_residue) && args.prepass_items_done != nullptr),
+                            "an operand by residue beside the pre-pass");
       if (args.prepass_items_done != nullptr) {  // beside the resident pre-pass, whose blocks share its SMs
         constexpr auto kernel = sm90::corrected_gemm_sm90_kernel<kARowMajor, kBRowMajor, true, false, true, false>;
         prefer_max_shared_carveout<kernel>();
@@ -964,6 +1004,18 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const bool staged = kTma && staged_flush_applies(args);
     with_flags(sm90_read_back(args), staged, [&](auto read_back, auto odd_width) {
       constexpr bool kReadBack = decltype(read_back)::value, kOddWidth = decltype(odd_width)::value;
+      if constexpr (kTma && !kBRowMajor) {
+        if (b_by_residue) {
+          with_flag(a_by_residue, [&](auto a_residues) {
+            constexpr bool kAResidues = decltype(a_residues)::value;
+            launch_with_smem<
+                sm90::corrected_gemm_sm90_kernel_b_by_residue<kARowMajor, kAResidues, kReadBack, kOddWidth>>(
+                sm90::Config<kARowMajor, false, true, Method::fp16, kAResidues, true>::kSmemBytes, fp16_launch,
+                fp16_args, maps, *launch.a_residue_maps, *launch.b_residue_maps);
+          });
+          return;
+        }
+      }
       if constexpr (kTma) {
         if (a_by_residue) {
           launch_with_smem<sm90::corrected_gemm_sm90_kernel_a_by_residue<kARowMajor, kBRowMajor, kReadBack, kOddWidth>>(
@@ -1022,7 +1074,8 @@ void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {
 template <Method M>
 void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, bool b_row_major, cudaStream_t stream,
                  bool overlaps_previous, const KernelChoice& kernels, int sm_count, const sm90::TmaMaps* tma_maps,
-                 const sm90::AResidueMaps* a_residue_maps = nullptr) {
+                 const sm90::ResidueMaps* a_residue_maps = nullptr,
+                 const sm90::ResidueMaps* b_residue_maps = nullptr) {
   TORCH_CHECK(plan.tiles <= 0x7fffffff, "corrected_matmul: the output has too many tiles");
   TORCH_CHECK(args.k_per_split / 16 < 0x7fffffff, "corrected_matmul: the inner dimension is too large");
   const bool stream_k = M == Method::fp16 && args.stream_k_blocks > 0;  // (set only for the wgmma kernel)
@@ -1031,7 +1084,7 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
                                           static_cast<unsigned>(plan.batch_slots)),
                           stream, overlaps_previous, kernels, sm_count, tma_maps,
                           static_cast<unsigned>(M == Method::fp16 && !stream_k ? plan.persistent_batch_slots : 0),
-                          a_residue_maps};
+                          a_residue_maps, b_residue_maps};
   with_layouts(a_row_major, b_row_major, [&](auto a_row, auto b_row) {
     launch_gemm_variant<M, decltype(a_row)::value, decltype(b_row)::value>(args, launch);
   });
@@ -1338,14 +1391,17 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // A's and B's TMA maps, encoded at most once per call, where a choice below or the wgmma GEMMs ask whether TMA can
   // read the operands; the resident pre-pass and both GEMMs read with them (the maps do not depend on the method).
   sm90::TmaMaps gemm_tma_maps{};
-  sm90::AResidueMaps gemm_a_residue_maps{};  // (where gemm_tma_maps.a_by_residue)
+  sm90::ResidueMaps gemm_a_residue_maps{};  // (where gemm_tma_maps.a_by_residue)
+  sm90::ResidueMaps gemm_b_residue_maps{};  // (where gemm_tma_maps.b_by_residue)
   std::optional<TmaReadable> tma_readable;  // (per operand: the copies below take those that TMA cannot read)
   bool read_a_by_residue = false;           // (where the copies below would copy A: a_by_residue_applies)
+  bool read_b_by_residue = false;           // (where the copies below would copy B: b_by_residue_applies)
   const auto tma_reads = [&] {
 #ifdef WMMAE_HAS_SM90A
     if (!tma_readable) {
       tma_readable = kernels.sm90_tma ? encode_operand_maps(args, a_row, b_row, &gemm_tma_maps,
-                                                            read_a_by_residue ? &gemm_a_residue_maps : nullptr)
+                                                            read_a_by_residue ? &gemm_a_residue_maps : nullptr,
+                                                            read_b_by_residue ? &gemm_b_residue_maps : nullptr)
                                       : TmaReadable{};
     }
     return tma_readable->a && tma_readable->b;
@@ -1360,7 +1416,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
 #ifdef WMMAE_HAS_SM90A
     if (!tma_copies_apply(args, kernels)) return false;
     tma_reads();
-    return tma_copies_pay(args, *tma_readable, a_by_residue_applies(args, a_row));
+    return tma_copies_pay(args, *tma_readable, a_by_residue_applies(args, a_row), b_by_residue_applies(args, b_row));
 #else
     return false;
 #endif
@@ -1371,15 +1427,17 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   }
 #ifdef WMMAE_HAS_SM90A
   if (!tma_reads() && tile_gemms_read_copies()) {
-    if (!tma_readable->a && a_by_residue_applies(args, a_row)) {  // A by residue where its maps encode, not copied
-      read_a_by_residue = true;
+    // A, B by residue where their maps encode, not copied
+    read_a_by_residue = !tma_readable->a && a_by_residue_applies(args, a_row);
+    read_b_by_residue = !tma_readable->b && b_by_residue_applies(args, b_row);
+    if (read_a_by_residue || read_b_by_residue) {
       tma_readable.reset();
       tma_reads();
     }
     const bool copy_a = !tma_readable->a, copy_b = !tma_readable->b;
     if (copy_a) a = tma_readable_copy(a, a_row);
     if (copy_b) b = tma_readable_copy(b, b_row);
-    if (copy_a || copy_b) {  // (with A read by residue and B readable, the maps above stand: nothing to encode again)
+    if (copy_a || copy_b) {  // (with the operands by residue or readable, the maps above stand: nothing to encode again)
       replan_if_copied();
       point_at_operands();
       tma_readable.reset();  // (asked again below, of the copies)
@@ -1401,11 +1459,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     // The GEMM reads A and B and writes the output, nothing else: no workspace to zero, no other kernel. It may
     // start while the kernel before it runs, and waits for it before its first loads.
     launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, true, kernels, sm_count, &gemm_tma_maps,
-                              &gemm_a_residue_maps);
+                              &gemm_a_residue_maps, &gemm_b_residue_maps);
     return out;
   }
-  // (The resident pre-pass reads A with its one map: not where A is read by residue.)
-  const bool resident = resident_prepass_applies(args, kernels) && tma_reads() && !gemm_tma_maps.a_by_residue;
+  // (The resident pre-pass reads A and B with their one map each: not where one is read by residue.)
+  const bool resident = resident_prepass_applies(args, kernels) && tma_reads() && !gemm_tma_maps.a_by_residue &&
+                        !gemm_tma_maps.b_by_residue;
 #else
   const bool resident = false;
 #endif
@@ -1446,13 +1505,14 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (method != Method::tf32) {
     // (It overlaps the pre-pass, which it waits for before its first tile's scales.)
     launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, prepass_launched, kernels, sm_count, gemm_maps,
-                              &gemm_a_residue_maps);
+                              &gemm_a_residue_maps, &gemm_b_residue_maps);
   }
   // auto's tf32 GEMM returns at once where the fp16 GEMM left it no tile; launched to overlap the fp16 GEMM's
   // end, so that this costs no launch gap. The tf32 method's overlaps the pre-pass's end.
   if (method != Method::fp16) {
     launch_gemm<Method::tf32>(args, grid, a_row, b_row, stream, method == Method::automatic || prepass_launched,
-                              kernels, sm_count, gemm_maps, &gemm_a_residue_maps);
+                              kernels, sm_count, gemm_maps, &gemm_a_residue_maps,
+                              &gemm_b_residue_maps);
     launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split
   }
   return out;
