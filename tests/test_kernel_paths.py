@@ -577,7 +577,7 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
             layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
             by_residue = (f"corrected_gemm_sm90_kernel_b_by_residue<{str(not a_col).lower()}, " if b_col else
-                          f"corrected_gemm_sm90_kernel_a_by_residue<{str(not a_col).lower()}, false, ")
+                          f"corrected_gemm_sm90_kernel_a_by_residue<{str(not a_col).lower()}, {str(not b_col).lower()}, ")
             assert any(layout in name or by_residue in name for name in kernels["tma"]), kernels["tma"]
 
 

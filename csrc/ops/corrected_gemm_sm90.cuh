@@ -120,21 +120,25 @@ struct AKResidueStageTile {
 };
 
 // B's stage tile where TMA reads a column-major B by residue of its columns (TmaMaps::b_by_residue): box j (lines
-// 32 j .. 32 j + 31) holds the tile's columns j, j + 4, ... (line_of_column), 36 floats each from the 16-byte aligned
+// 32 j .. 32 j + 31) holds the tile's columns j, j + 4, ... (line_of_column), 40 floats each from the 16-byte aligned
 // k0 of the stage, unswizzled, in which the stage's 32 k start at column shift[j] < 4 of the box
 // (encode_fp32_residue_maps). As for column-major A by residue of its k, only B's readers follow: the split, the fold
 // of B's lines and the FMA tiles read each column at its line and shift, and the hi/lo tiles, the line scales and the
-// flush keep the tile's column order.
+// flush keep the tile's column order. The boxes' bases are 128-byte aligned (TMA), so their banks coincide, and the
+// split's 8 lanes of consecutive columns (two per box) meet bank conflicts: with lines of 40 floats (8 banks apart)
+// 2-way where the four shifts differ (an odd column stride), 4-way where they are equal; with 36, 4- and 8-way (H200,
+// session 104, x @ W.t() with an odd K, us per call: 4096^2 x 4097 1252 -> 1185, 8192^2 x 8191 10070 -> 9650, 16384 x
+// 1024 x 1023 357 -> 348; read once, 128 x 8192 x 4097, 123 -> 131).
 struct BResidueStageTile {
   static constexpr int kOuter = kBlockN;
   static constexpr int kInner = kBlockK;
-  static constexpr int kLd = kBlockK + 4;
+  static constexpr int kLd = kBlockK + 8;
   static constexpr int kBoxLines = 32;
   static constexpr int kBoxes = kOuter / kBoxLines;
   static constexpr int kFloats = kOuter * kLd;
   static constexpr int kBoxFloats = kBoxLines * kLd;
   static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
-  // (Lines of 36 floats from a shift, as AResidueStageTile's: fold_stage_line's path for them.)
+  // (Lines of 32 k from a shift, as AResidueStageTile's: fold_stage_line's path for them.)
   static constexpr bool kByResidue = true;
   static constexpr bool kKByResidue = false;
   __device__ static constexpr int line_of_column(int n) { return n % 4 * kBoxLines + n / 4; }
@@ -313,7 +317,8 @@ __device__ __forceinline__ void stagger_start(int stagger_blocks) {
 // its line's 16-byte chunks, which the 128-byte swizzle spreads over all banks across the 8 lines of a period.
 // Otherwise the line is one element of each k row, and a warp's 32 lines share a 128-byte row. A by residue
 // (AResidueStageTile): the line's box columns [inner_shift, inner_shift + 32) are its k, of the 36 read as float4s
-// (inner_shift is the same in a warp's 32 lines: no divergence). Column-major A by residue of its k
+// (inner_shift is the same in a warp's 32 lines: no divergence); B by residue (BResidueStageTile) the same of 40, with
+// the four shifts of its columns in a warp. Column-major A by residue of its k
 // (AKResidueStageTile): element k of the line at k's line and shift, k_shifts[k % 4] (ResidueMaps::shift).
 template <class Tile, bool kKInner, class Fold>
 __device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* tile, int line, int inner_shift = 0,
@@ -335,8 +340,10 @@ __device__ __forceinline__ void fold_stage_line(Fold (&folds)[4], const float* t
       const float e[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int column = 4 * q + j;  // (inside the k for every column but those of the first and last chunk)
-        if ((q > 0 || column >= inner_shift) && (q < kChunks - 1 || column < inner_shift + kBlockK)) {
+        // (Inside the k for every column of the chunks from the second to that of column 31; a line of 40 floats has
+        // two chunks after it.)
+        const int column = 4 * q + j;
+        if ((q > 0 || column >= inner_shift) && (4 * q + 3 < kBlockK || column < inner_shift + kBlockK)) {
           folds[j].include(e[j]);
         }
       }
