@@ -575,9 +575,10 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         read_by_tma = {name: any(TMA_KERNEL.search(k) for k in kernels[name]) for name in kernels}
         assert read_by_tma == {"tma": eligible or len(batch) <= 1, "in_place": eligible, "cp_async": False}, kernels
         if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
-            layout = f"corrected_gemm_sm90_kernel<{str(not a_col).lower()}, {str(not b_col).lower()}, true, "
-            by_residue = (f"corrected_gemm_sm90_kernel_b_by_residue<{str(not a_col).lower()}, " if b_col else
-                          f"corrected_gemm_sm90_kernel_a_by_residue<{str(not a_col).lower()}, {str(not b_col).lower()}, ")
+            a_row, b_row = str(not a_col).lower(), str(not b_col).lower()
+            layout = f"corrected_gemm_sm90_kernel<{a_row}, {b_row}, true, "
+            by_residue = (f"corrected_gemm_sm90_kernel_b_by_residue<{a_row}, " if b_col else
+                          f"corrected_gemm_sm90_kernel_a_by_residue<{a_row}, {b_row}, ")
             assert any(layout in name or by_residue in name for name in kernels["tma"]), kernels["tma"]
 
 
@@ -642,16 +643,42 @@ TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_(a_by_resi
 
 
 class ByResidueCase(NamedTuple):
-    a: tuple  # as in TMA_CASES: (shape, row stride, storage offset, column-major)
+    a: tuple  # as in TMA_CASES: (shape, line stride, storage offset, column-major)
     b: tuple
     method: str
-    by_residue: bool = True  # whether A is read by residue (else copied, as with the switch at 0)
+    by_residue: bool = True  # whether the operand under test is read by residue (else copied, as with its switch at 0)
+    a_by_residue: bool = False  # (B_BY_RESIDUE_CASES) whether A is read by residue too (its lines unaligned as well)
     wide_row: bool = False  # A's row 5 spans 2^80 (auto: its tiles not fp16-safe: the tf32 GEMM or FMAs take them)
     folds: bool = False  # K <= 128: the tiles fold their own line ranges (no pre-pass kernel, no tf32 kernel)
     inf_row: bool = False  # A's row 7 holds an Inf
+    inf_col: bool = False  # B's column 9 holds a -Inf
     env: dict = {}  # further switches (never mutated)
     deterministic: bool = True  # deterministic mode: no split-K or stream-K, whose atomics add into the output
     atomics_in_any_order: bool = False  # more than two atomics add into an output: the bits may differ
+
+
+def _by_residue_calls(gen, monkeypatch, c: ByResidueCase, switch: str, what: str) -> dict:
+    """The case's operands (with its wide row and Infs) through _same_bits_by_switch at `switch` unset and 0, with the
+    small GEMM off (the tile GEMMs, which small calls would otherwise not reach) and the case's switches; the operands
+    are left as they were. The names of the kernels each call launched."""
+    a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
+    b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
+    if c.wide_row:
+        a[5, ::2] *= 2.0 ** -40
+        a[5, 1::2] *= 2.0 ** 40
+    if c.inf_row:
+        a[7, a.shape[1] // 2] = float("inf")
+    if c.inf_col:
+        b[b.shape[0] // 2, 9] = float("-inf")
+    a_before, b_before = a.clone(), b.clone()
+    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")
+    for name, value in c.env.items():
+        monkeypatch.setenv(name, value)
+    kernels = _same_bits_by_switch(monkeypatch, switch, ("default", "0"), a, b, c.method, what,
+                                   deterministic_mode=c.deterministic, exact=not c.atomics_in_any_order,
+                                   inf_rows=(7,) if c.inf_row else (), inf_cols=(9,) if c.inf_col else ())
+    assert torch.equal(a, a_before) and torch.equal(b, b_before)
+    return kernels
 
 
 # Row-major A whose rows TMA cannot read as one map (an odd K, a storage offset, a row stride of 75 floats), which the
@@ -724,21 +751,7 @@ def test_corrected_matmul_a_by_residue(gen, monkeypatch, case):
     copy (TORCH_WMMAE_A_BY_RESIDUE=0), within the float32 bound, every output written (the pool is NaN-poisoned), A
     left as it was; the by-residue kernels run exactly where they should."""
     c = BY_RESIDUE_CASES[case]
-    a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
-    b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
-    if c.wide_row:
-        a[5, ::2] *= 2.0 ** -40
-        a[5, 1::2] *= 2.0 ** 40
-    if c.inf_row:
-        a[7, a.shape[1] // 2] = float("inf")
-    a_before = a.clone()
-    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")  # (the tile GEMMs, which small calls would otherwise not reach)
-    for name, value in c.env.items():
-        monkeypatch.setenv(name, value)
-    kernels = _same_bits_by_switch(monkeypatch, A_BY_RESIDUE_SWITCH, ("default", "0"), a, b, c.method, case,
-                                   deterministic_mode=c.deterministic, exact=not c.atomics_in_any_order,
-                                   inf_rows=(7,) if c.inf_row else ())
-    assert torch.equal(a, a_before)
+    kernels = _by_residue_calls(gen, monkeypatch, c, A_BY_RESIDUE_SWITCH, case)
     if _sees_sm90_kernels():
         ran, copied = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
         assert any(GEMM_KERNEL.search(k) for k in ran) and any(GEMM_KERNEL.search(k) for k in copied), (ran, copied)
@@ -757,21 +770,6 @@ B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_b_by_resid
 TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_residue<")
 
 
-class BByResidueCase(NamedTuple):
-    a: tuple  # as in TMA_CASES: (shape, line stride, storage offset, column-major)
-    b: tuple  # column-major
-    method: str
-    by_residue: bool = True  # whether B is read by residue (else copied, as with the switch at 0)
-    a_by_residue: bool = False  # whether A is read by residue too (its lines unaligned as well)
-    wide_row: bool = False  # A's row 5 spans 2^80 (auto: its tiles not fp16-safe: the tf32 GEMM or FMAs take them)
-    folds: bool = False  # K <= 128: the tiles fold their own line ranges (no pre-pass kernel, no tf32 kernel)
-    inf_row: bool = False  # A's row 7 holds an Inf
-    inf_col: bool = False  # B's column 9 holds an Inf
-    env: dict = {}  # further switches (never mutated)
-    deterministic: bool = True  # deterministic mode: no split-K or stream-K, whose atomics add into the output
-    atomics_in_any_order: bool = False  # more than two atomics add into an output: the bits may differ
-
-
 # Column-major B (the W.t() of x @ W.t(), or a view with a storage offset) whose columns TMA cannot read as one map,
 # which the tile GEMMs read by residue of its columns instead of copying it: every residue of the column stride and of
 # the offset; K <= 128 (the tiles fold their own line ranges, with an Inf in B: the fold's exact pass at a shift; auto's
@@ -780,44 +778,44 @@ class BByResidueCase(NamedTuple):
 # column-major); odd widths; chunks of 1024 read back; split-K and stream-K; an Inf in A and in B; the tf32 method and
 # auto's tf32 tiles; a B of 9 MiB read once (M <= 128), which without residues keeps cp.async stages.
 B_BY_RESIDUE_CASES = {
-    "k33_folds_auto": BByResidueCase(((300, 33), 36, 0, False), ((33, 136), 33, 0, True), "auto", folds=True),
-    "k127_offset_1_folds_fp16": BByResidueCase(((257, 127), 128, 0, False), ((127, 200), 128, 1, True), "fp16",
-                                               folds=True),
-    "k65_folds_auto_fma_tiles": BByResidueCase(((300, 65), 68, 0, False), ((65, 136), 65, 0, True), "auto",
-                                               wide_row=True, folds=True),
-    "k65_folds_auto_inf_in_b": BByResidueCase(((300, 65), 68, 0, False), ((65, 136), 65, 0, True), "auto",
-                                              inf_col=True, folds=True),
-    "k1001_fp16_inf_in_b": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 136), 1001, 0, True), "fp16",
-                                          inf_col=True),
-    "k1002_auto": BByResidueCase(((257, 1002), 1004, 0, False), ((1002, 200), 1002, 0, True), "auto"),
-    "k1003_tf32": BByResidueCase(((130, 1003), 1004, 0, False), ((1003, 136), 1003, 0, True), "tf32"),
-    "k1003_auto_inf_in_a": BByResidueCase(((130, 1003), 1004, 0, False), ((1003, 136), 1003, 0, True), "auto",
-                                          inf_row=True),
-    "offset_2_stride_75_folds": BByResidueCase(((257, 72), 72, 0, False), ((72, 136), 75, 2, True), "auto",
-                                               folds=True),
-    "offset_3_k301": BByResidueCase(((130, 301), 304, 0, False), ((301, 136), 304, 3, True), "auto"),
-    "n4": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 4), 1001, 0, True), "fp16"),
-    "n5_odd_width": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 5), 1001, 0, True), "fp16"),
-    "n3_copied": BByResidueCase(((130, 1001), 1004, 0, False), ((1001, 3), 1001, 0, True), "fp16", by_residue=False),
-    "x_at_w_t_odd_k_and_width": BByResidueCase(((200, 333), 333, 0, False), ((333, 131), 333, 0, True), "auto",
-                                               a_by_residue=True),
-    "x_at_w_t_odd_k_folds": BByResidueCase(((300, 101), 101, 0, False), ((101, 136), 101, 0, True), "auto",
-                                           a_by_residue=True, folds=True),
-    "a_col_by_residue_k1001": BByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 1001, 0, True), "fp16",
-                                             a_by_residue=True),
-    "a_col_by_residue_tf32": BByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 1001, 0, True), "tf32",
+    "k33_folds_auto": ByResidueCase(((300, 33), 36, 0, False), ((33, 136), 33, 0, True), "auto", folds=True),
+    "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 128, 0, False), ((127, 200), 128, 1, True), "fp16",
+                                              folds=True),
+    "k65_folds_auto_fma_tiles": ByResidueCase(((300, 65), 68, 0, False), ((65, 136), 65, 0, True), "auto",
+                                              wide_row=True, folds=True),
+    "k65_folds_auto_inf_in_b": ByResidueCase(((300, 65), 68, 0, False), ((65, 136), 65, 0, True), "auto",
+                                             inf_col=True, folds=True),
+    "k1001_fp16_inf_in_b": ByResidueCase(((130, 1001), 1004, 0, False), ((1001, 136), 1001, 0, True), "fp16",
+                                         inf_col=True),
+    "k1002_auto": ByResidueCase(((257, 1002), 1004, 0, False), ((1002, 200), 1002, 0, True), "auto"),
+    "k1003_tf32": ByResidueCase(((130, 1003), 1004, 0, False), ((1003, 136), 1003, 0, True), "tf32"),
+    "k1003_auto_inf_in_a": ByResidueCase(((130, 1003), 1004, 0, False), ((1003, 136), 1003, 0, True), "auto",
+                                         inf_row=True),
+    "offset_2_stride_75_folds": ByResidueCase(((257, 72), 72, 0, False), ((72, 136), 75, 2, True), "auto",
+                                              folds=True),
+    "offset_3_k301": ByResidueCase(((130, 301), 304, 0, False), ((301, 136), 304, 3, True), "auto"),
+    "n4": ByResidueCase(((130, 1001), 1004, 0, False), ((1001, 4), 1001, 0, True), "fp16"),
+    "n5_odd_width": ByResidueCase(((130, 1001), 1004, 0, False), ((1001, 5), 1001, 0, True), "fp16"),
+    "n3_copied": ByResidueCase(((130, 1001), 1004, 0, False), ((1001, 3), 1001, 0, True), "fp16", by_residue=False),
+    "x_at_w_t_odd_k_and_width": ByResidueCase(((200, 333), 333, 0, False), ((333, 131), 333, 0, True), "auto",
+                                              a_by_residue=True),
+    "x_at_w_t_odd_k_folds": ByResidueCase(((300, 101), 101, 0, False), ((101, 136), 101, 0, True), "auto",
+                                          a_by_residue=True, folds=True),
+    "a_col_by_residue_k1001": ByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 1001, 0, True), "fp16",
                                             a_by_residue=True),
-    "a_col_aligned_auto": BByResidueCase(((130, 1001), 132, 0, True), ((1001, 136), 1001, 0, True), "auto"),
-    "chunks_read_back": BByResidueCase(((300, 2101), 2104, 0, False), ((2101, 136), 2101, 0, True), "fp16"),
-    "chunks_read_back_odd_width": BByResidueCase(((130, 2101), 2104, 0, False), ((2101, 133), 2101, 0, True),
-                                                 "fp16"),
-    "wide_row_auto_tf32_tiles": BByResidueCase(((300, 1001), 1004, 0, False), ((1001, 136), 1001, 0, True), "auto",
-                                               wide_row=True),
-    "split_k": BByResidueCase(((130, 4101), 4104, 0, False), ((4101, 136), 4101, 0, True), "fp16",
-                              deterministic=False, atomics_in_any_order=True),
-    "stream_k": BByResidueCase(((200, 3001), 3004, 0, False), ((3001, 301), 3001, 0, True), "fp16",
-                               env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
-    "read_once_9mb": BByResidueCase(((128, 4097), 4100, 0, False), ((4097, 600), 4097, 0, True), "auto"),
+    "a_col_by_residue_tf32": ByResidueCase(((130, 1001), 131, 0, True), ((1001, 136), 1001, 0, True), "tf32",
+                                           a_by_residue=True),
+    "a_col_aligned_auto": ByResidueCase(((130, 1001), 132, 0, True), ((1001, 136), 1001, 0, True), "auto"),
+    "chunks_read_back": ByResidueCase(((300, 2101), 2104, 0, False), ((2101, 136), 2101, 0, True), "fp16"),
+    "chunks_read_back_odd_width": ByResidueCase(((130, 2101), 2104, 0, False), ((2101, 133), 2101, 0, True),
+                                                "fp16"),
+    "wide_row_auto_tf32_tiles": ByResidueCase(((300, 1001), 1004, 0, False), ((1001, 136), 1001, 0, True), "auto",
+                                              wide_row=True),
+    "split_k": ByResidueCase(((130, 4101), 4104, 0, False), ((4101, 136), 4101, 0, True), "fp16",
+                             deterministic=False, atomics_in_any_order=True),
+    "stream_k": ByResidueCase(((200, 3001), 3004, 0, False), ((3001, 301), 3001, 0, True), "fp16",
+                              env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
+    "read_once_9mb": ByResidueCase(((128, 4097), 4100, 0, False), ((4097, 600), 4097, 0, True), "auto"),
 }
 
 
@@ -830,24 +828,8 @@ def test_corrected_matmul_b_by_residue(gen, monkeypatch, case):
     as with TORCH_WMMAE_B_BY_RESIDUE=0, within the float32 bound, every output written (the pool is NaN-poisoned), B
     left as it was; the by-residue kernels run exactly where they should, with A by residue where its lines need it."""
     c = B_BY_RESIDUE_CASES[case]
-    a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
-    b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
-    assert b.stride(0) == 1
-    if c.wide_row:
-        a[5, ::2] *= 2.0 ** -40
-        a[5, 1::2] *= 2.0 ** 40
-    if c.inf_row:
-        a[7, a.shape[1] // 2] = float("inf")
-    if c.inf_col:
-        b[b.shape[0] // 2, 9] = float("-inf")
-    b_before = b.clone()
-    monkeypatch.setenv(SMALL_GEMM_SWITCH, "0")  # (the tile GEMMs, which small calls would otherwise not reach)
-    for name, value in c.env.items():
-        monkeypatch.setenv(name, value)
-    kernels = _same_bits_by_switch(monkeypatch, B_BY_RESIDUE_SWITCH, ("default", "0"), a, b, c.method, case,
-                                   deterministic_mode=c.deterministic, exact=not c.atomics_in_any_order,
-                                   inf_rows=(7,) if c.inf_row else (), inf_cols=(9,) if c.inf_col else ())
-    assert torch.equal(b, b_before)
+    assert c.b[-1], "column-major B"
+    kernels = _by_residue_calls(gen, monkeypatch, c, B_BY_RESIDUE_SWITCH, case)
     if _sees_sm90_kernels():
         ran, copied = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
         assert any(GEMM_KERNEL.search(k) for k in ran) and any(GEMM_KERNEL.search(k) for k in copied), (ran, copied)

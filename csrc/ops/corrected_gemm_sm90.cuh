@@ -74,16 +74,14 @@ struct StageTile {
   static constexpr bool kKByResidue = false;
 };
 
-// A's stage tile where TMA reads a row-major A by residue of its rows (TmaMaps::a_by_residue): box j (lines 32 j ..
-// 32 j + 31) holds rows j, j + 4, ... of the tile (tile_row_of_line), 36 floats each from the 16-byte aligned k0 of
-// the stage, unswizzled, in which the stage's 32 k start at column shift[j] < 4 of the box (encode_fp32_residue_maps).
-// A line's offsets are those of offset plus its box's shift, which the reader adds (a run-time value, the same for
-// a warp's 16 lines); so A's fragments are read a float at a time (2-way bank conflicts, as with lines of 40), and
-// the fold reads a line's 9 aligned float4s (lines 9 chunks of 16 bytes apart: 8 lines in 8 bank groups).
-struct AResidueStageTile {
-  static constexpr int kOuter = kBlockM;
+// What AResidueStageTile and BResidueStageTile share: four TMA boxes, one per residue of the lines, of 32 lines of
+// kLineFloats floats from the 16-byte aligned k0 of the stage, unswizzled, the stage's 32 k from a shift < 4 in each
+// line (fold_stage_line's path for such lines: kByResidue).
+template <int kLines, int kLineFloats>
+struct ResidueLinesTile {
+  static constexpr int kOuter = kLines;
   static constexpr int kInner = kBlockK;
-  static constexpr int kLd = kBlockK + 4;
+  static constexpr int kLd = kLineFloats;
   static constexpr int kBoxLines = 32;
   static constexpr int kBoxes = kOuter / kBoxLines;
   static constexpr int kFloats = kOuter * kLd;
@@ -91,6 +89,15 @@ struct AResidueStageTile {
   static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
   static constexpr bool kByResidue = true;
   static constexpr bool kKByResidue = false;
+};
+
+// A's stage tile where TMA reads a row-major A by residue of its rows (TmaMaps::a_by_residue): box j (lines 32 j ..
+// 32 j + 31) holds rows j, j + 4, ... of the tile (tile_row_of_line), 36 floats each from the 16-byte aligned k0 of
+// the stage, unswizzled, in which the stage's 32 k start at column shift[j] < 4 of the box (encode_fp32_residue_maps).
+// A line's offsets are those of offset plus its box's shift, which the reader adds (a run-time value, the same for
+// a warp's 16 lines); so A's fragments are read a float at a time (2-way bank conflicts, as with lines of 40), and
+// the fold reads a line's 9 aligned float4s (lines 9 chunks of 16 bytes apart: 8 lines in 8 bank groups).
+struct AResidueStageTile : ResidueLinesTile<kBlockM, kBlockK + 4> {
   __device__ static int offset(int line, int inner) { return line * kLd + inner; }
   static constexpr int shift(int lines8, int inner32) { return lines8 * 8 * kLd + inner32 * 32; }
 };
@@ -129,18 +136,7 @@ struct AKResidueStageTile {
 // 2-way where the four shifts differ (an odd column stride), 4-way where they are equal; with 36, 4- and 8-way (H200,
 // session 104, x @ W.t() with an odd K, us per call: 4096^2 x 4097 1252 -> 1185, 8192^2 x 8191 10070 -> 9650, 16384 x
 // 1024 x 1023 357 -> 348; read once, 128 x 8192 x 4097, 123 -> 131).
-struct BResidueStageTile {
-  static constexpr int kOuter = kBlockN;
-  static constexpr int kInner = kBlockK;
-  static constexpr int kLd = kBlockK + 8;
-  static constexpr int kBoxLines = 32;
-  static constexpr int kBoxes = kOuter / kBoxLines;
-  static constexpr int kFloats = kOuter * kLd;
-  static constexpr int kBoxFloats = kBoxLines * kLd;
-  static constexpr unsigned kBoxBytes = sizeof(float) * kBoxFloats;
-  // (Lines of 32 k from a shift, as AResidueStageTile's: fold_stage_line's path for them.)
-  static constexpr bool kByResidue = true;
-  static constexpr bool kKByResidue = false;
+struct BResidueStageTile : ResidueLinesTile<kBlockN, kBlockK + 8> {
   __device__ static constexpr int line_of_column(int n) { return n % 4 * kBoxLines + n / 4; }
   // Offset in floats of element (n, k) of the stage, before its column's shift.
   __device__ static int offset(int n, int k) { return line_of_column(n) * kLd + k; }
