@@ -51,15 +51,33 @@ def as_float32_value(alpha: float) -> float:
     return float(torch.tensor(alpha, dtype=torch.float64).float())
 
 
+def _sum_rounded_once_to_float32_ties(product: torch.Tensor, a32: float) -> torch.Tensor:
+    """product + a32 in float64 (product exact: one of two 24-bit significands), except where that sum is a tie of
+    float32 rounding (halfway between two float32 values) and not exact: there the float32 neighbour on the exact
+    sum's side. Rounding the result to float32 then rounds the exact sum once, as fmaf does: a float64 sum of a large
+    product and a small alpha can land on the tie (alpha lost), which float32 rounding would break to even instead of
+    towards alpha (a CPU fuzz case: u_i = -1.032e16, alpha = 3.06)."""
+    total = product + a32
+    back = total - product  # TwoSum: total + error == product + a32 exactly
+    error = (product - (total - back)) + (a32 - back)
+    nearest = total.float()
+    other = torch.nextafter(nearest, torch.where(total > nearest.double(), torch.inf, -torch.inf).float())
+    tie = torch.isfinite(total) & torch.isfinite(other) & (total == (nearest.double() + other.double()) / 2)
+    towards_error = torch.where(error > 0, torch.maximum(nearest, other), torch.minimum(nearest, other)).double()
+    return torch.where(tie & (error != 0), towards_error, total)
+
+
 def outer_reference64(u: torch.Tensor, v: torch.Tensor | None, alpha: float) -> torch.Tensor:
-    """u v^T + alpha I in float64, on the CPU. alpha is added on the diagonal only (an infinite alpha must
+    """u v^T + alpha I in float64, on the CPU (ties of float32 rounding on the diagonal broken as the exact sum
+    would break them: _sum_rounded_once_to_float32_ties). alpha is added on the diagonal only (an infinite alpha must
     not turn the off-diagonal zeros of alpha * I into NaN)."""
     u64 = u.detach().cpu().double()
     v64 = u64 if v is None else v.detach().cpu().double()
     out = u64.unsqueeze(-1) * v64.unsqueeze(-2)
     a32 = as_float32_value(alpha)
     if a32 != 0.0:
-        out.diagonal(0, -2, -1).add_(a32)
+        diagonal = out.diagonal(0, -2, -1)
+        diagonal.copy_(_sum_rounded_once_to_float32_ties(diagonal.clone(), a32))
     return out
 
 
