@@ -2,8 +2,8 @@
 
 TMA reads an operand in place only where its start and line strides are multiples of 16 bytes; an odd K or N, or a
 storage offset, breaks that. corrected_matmul then chooses between the small GEMM, the tile GEMMs reading copies
-that TMA can read or (a row-major A without a batch) reading A in place by residue of its rows, and (for an odd N,
-whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width instantiation, which stages its output rows
+that TMA can read or (without a batch) reading A, or a column-major B, in place by residue of its lines, and (for an
+odd N, whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width instantiation, which stages its output rows
 through shared memory (README, Performance). Each row times the default
 and the paths that its environment switches force, in one process (the switches are read at every call), rounds
 rotated; each time is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead).
@@ -27,32 +27,44 @@ from common import header, inputs_for_rotation, loop_ms, write_results
 # stream-K (1025^2 x 4096, 256 x 2049 x 4096) and chunks read back (8 x 1025^2 x 2048), whose atomics and chunks are
 # staged too, and split-K on cp.async stages (128 x 4097 x 4096: tma_copies_pay), which have no odd-width
 # instantiation; odd K (A's lines unaligned: read by residue) and an odd K and N; A one float past 16 bytes; an
-# aligned control.
+# aligned control. Then other layouts (the last field): A = X.t() with an odd M (a backward pass's grad.t() @ x: A by
+# residue of its k), and x @ W.t() with an odd K (both operands by residue: A's rows, B's columns), also with W read
+# once (M = 128).
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
           (1, 1025, 1025, 4096, 0), (1, 256, 2049, 4096, 0), (8, 1025, 1025, 2048, 0),
           (1, 1024, 1024, 99, 0), (1, 2048, 2048, 50, 0), (1, 4096, 4096, 33, 0), (1, 4096, 4096, 64, 1),
           (1, 2048, 2048, 2047, 0), (1, 8192, 8192, 8191, 0),
-          (1, 128, 4097, 4096, 0), (1, 4096, 4096, 64, 0)]
+          (1, 128, 4097, 4096, 0), (1, 4096, 4096, 64, 0),
+          (1, 1023, 1024, 16384, 0, "a_col"), (1, 2047, 2048, 2048, 0, "a_col"), (1, 4097, 4096, 4096, 0, "a_col"),
+          (1, 16384, 1024, 1023, 0, "x_w_t"), (1, 2048, 2048, 2047, 0, "x_w_t"), (1, 4096, 4096, 4097, 0, "x_w_t"),
+          (1, 128, 8192, 4097, 0, "x_w_t")]
+# A's and B's layouts: row-major both, A column-major (X.t()), B column-major (W.t()).
+LAYOUTS = ("row", "a_col", "x_w_t")
 # The paths: the default, the tile GEMMs (never the small GEMM) with their odd-width staging and with element-by-element
-# stores, the tile GEMMs reading a copy of A where they would read it by residue, and the tile GEMMs without the
-# copies (cp.async stages).
-SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_A_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES")
+# stores, the tile GEMMs reading a copy of A or of B where they would read it by residue, and the tile GEMMs without
+# the copies (cp.async stages).
+SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_A_BY_RESIDUE",
+            "TORCH_WMMAE_B_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES")
 VARIANTS = {
     "default_us": {},
     "tile_staged_us": {"TORCH_WMMAE_SMALL_GEMM": "0"},
     "tile_element_stores_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_STAGED_FLUSH": "0"},
     "tile_a_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_A_BY_RESIDUE": "0"},
+    "tile_b_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_B_BY_RESIDUE": "0"},
     "tile_cp_async_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_TMA_COPIES": "0"},
 }
-COLUMNS = ["batch", "m", "n", "k", "a_offset", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
+COLUMNS = ["batch", "m", "n", "k", "a_offset", "layout", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
 
 
-def operand(shape, offset: int, gen: torch.Generator) -> torch.Tensor:
-    """U(-1, 1) values of `shape`, contiguous, starting `offset` floats into their storage."""
-    storage = torch.rand(math.prod(shape) + offset, device="cuda", generator=gen) * 2 - 1
-    return storage[offset:].view(shape)
+def operand(shape, offset: int, gen: torch.Generator, transposed: bool = False) -> torch.Tensor:
+    """U(-1, 1) values of `shape`, contiguous, starting `offset` floats into their storage; with `transposed`, the
+    transpose of such a matrix of the transposed shape (column-major)."""
+    stored = (*shape[:-2], shape[-1], shape[-2]) if transposed else shape
+    storage = torch.rand(math.prod(stored) + offset, device="cuda", generator=gen) * 2 - 1
+    matrix = storage[offset:].view(stored)
+    return matrix.transpose(-1, -2) if transposed else matrix
 
 
 def set_path(env: dict) -> None:
@@ -73,12 +85,14 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
     try:
-        for batch, m, n, k, offset in SHAPES:
+        for batch, m, n, k, offset, *layout in SHAPES:
+            layout = layout[0] if layout else "row"
+            assert layout in LAYOUTS, layout
             gen = torch.Generator(device="cuda").manual_seed(4321 + m + n + k + offset)
             sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2)
             pre = (batch,) if batch > 1 else ()
-            a = [operand(pre + (m, k), offset, gen) for _ in range(sets)]
-            b = [operand(pre + (k, n), 0, gen) for _ in range(sets)]
+            a = [operand(pre + (m, k), offset, gen, transposed=layout == "a_col") for _ in range(sets)]
+            b = [operand(pre + (k, n), 0, gen, transposed=layout == "x_w_t") for _ in range(sets)]
             calls = 40 if batch * m * n * k < 2**32 else 8
             times = {name: [] for name in [*VARIANTS, "fp32_us"]}
             names = list(times)
@@ -91,12 +105,12 @@ def main() -> None:
                         set_path(VARIANTS[name])
                         fn = lambda i: torch_wmmae.corrected_matmul(a[i], b[i], method=args.method)
                     times[name].append(1000 * loop_ms(fn, sets, calls))
-            row = dict(batch=batch, m=m, n=n, k=k, a_offset=offset, method=args.method,
+            row = dict(batch=batch, m=m, n=n, k=k, a_offset=offset, layout=layout, method=args.method,
                        **{name: statistics.median(t) for name, t in times.items()})
             row["default_speedup_vs_fp32"] = row["fp32_us"] / row["default_us"]
             rows.append(row)
-            print(f"{batch}x{m}x{n}x{k} A+{offset}: " + "  ".join(f"{c} {row[c]:.1f}" for c in [*VARIANTS, "fp32_us"]),
-                  flush=True)
+            print(f"{batch}x{m}x{n}x{k} A+{offset} {layout}: "
+                  + "  ".join(f"{c} {row[c]:.1f}" for c in [*VARIANTS, "fp32_us"]), flush=True)
     finally:
         set_path({})
     write_results("unaligned", {**header(), "method": args.method, "rounds": args.rounds, "rows": rows}, COLUMNS,
