@@ -657,8 +657,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // converts columns 16 w .. 16 w + 15, lane = 16 kg + c column 16 w + c at the k groups (4 k) kg + 2 j, j < 4,
   // reading them from (k, n) at b_tf32_off[e] + 8 j lines (row-major: rows 4 kg + e; four loads, which the
   // swizzle keeps in 32 banks) or from b_tf32_off[j] (column-major: one 16-byte load; by residue, four), and writing
-  // each group
-  // as one 16-byte row of a core matrix at tf32_split_off + j * 2 kLbo.
+  // each group as one 16-byte row of a core matrix at tf32_split_off + j * 2 kLbo.
   const int tf32_n = 16 * warp + lane % 16, tf32_kg = lane / 16;
   int a_tf32_off[8], b_tf32_off[4];
 #pragma unroll
