@@ -872,21 +872,20 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     if (args.method == Method::automatic && (kTf32 ? lines.fp16_safe : !lines.fp16_safe)) {
       if constexpr (kTileRangesCode) {  // (compiled only there)
         if (tiles_fold()) {  // (every stage of the tile has landed: fold_line_scales)
+          // (With the shifts of the operands read by residue, A's then B's: see fma_tile_from_stages.)
+          const auto fma_tile = [&](const auto*... shifts) {
+            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
+                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
+                                                               shifts...);
+          };
           if constexpr (kAResidues && kBResidues) {
-            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
-                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
-                                                               a_residues->shift, b_residues->shift);
+            fma_tile(a_residues->shift, b_residues->shift);
           } else if constexpr (kAResidues) {
-            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
-                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
-                                                               a_residues->shift);
+            fma_tile(a_residues->shift);
           } else if constexpr (kBResidues) {
-            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
-                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols,
-                                                               b_residues->shift);
+            fma_tile(b_residues->shift);
           } else {
-            fma_tile_from_stages<A, B, kARowMajor, kBRowMajor>(stage_a, stage_b, slot_of(0),
-                                                               static_cast<int>(k_end - k_begin), origin, n, rows, cols);
+            fma_tile();
           }
         }
       }
