@@ -1405,6 +1405,22 @@ def _call_and_extra_bytes(call):
     return out, torch.cuda.max_memory_allocated() - after
 
 
+def _extra_bytes_by_setting(monkeypatch, settings: dict, call):
+    """call()'s outputs and extra bytes (_call_and_extra_bytes) in deterministic mode (no split-K: one order of the
+    sums), by setting: each a dict of the environment switches it sets, the other settings' switches unset."""
+    switches = {name for env in settings.values() for name in env}
+    outs, extra = {}, {}
+    for setting, env in settings.items():
+        for name in switches:
+            if name in env:
+                monkeypatch.setenv(name, env[name])
+            else:
+                monkeypatch.delenv(name, raising=False)
+        with deterministic():
+            outs[setting], extra[setting] = _call_and_extra_bytes(call)
+    return outs, extra
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
@@ -1443,16 +1459,10 @@ def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, m
     a = torch.randn(m, k, device="cuda", generator=gen)
     b = torch.randn(k, n, device="cuda", generator=gen)
     a_bytes, padded_bytes = a.numel() * 4, m * ((k + 3) // 4 * 4) * 4  # (A's lines padded to 16 bytes)
-    outs, extra = {}, {}
-    for setting, env in (("by_residue", {}), ("copied", {"TORCH_WMMAE_A_BY_RESIDUE": "0"}),
-                         ("cp_async", {"TORCH_WMMAE_TMA_COPIES": "0"})):
-        for name in ("TORCH_WMMAE_A_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES"):
-            if name in env:
-                monkeypatch.setenv(name, env[name])
-            else:
-                monkeypatch.delenv(name, raising=False)
-        with deterministic():
-            outs[setting], extra[setting] = _call_and_extra_bytes(lambda: corrected_matmul(a, b, method=method))
+    outs, extra = _extra_bytes_by_setting(
+        monkeypatch, {"by_residue": {}, "copied": {"TORCH_WMMAE_A_BY_RESIDUE": "0"},
+                      "cp_async": {"TORCH_WMMAE_TMA_COPIES": "0"}},
+        lambda: corrected_matmul(a, b, method=method))
     assert padded_bytes <= extra["copied"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
     assert extra["by_residue"] <= 0.03 * a_bytes and extra["cp_async"] <= 0.03 * a_bytes, (extra, a_bytes)
     assert torch.equal(outs["by_residue"], outs["copied"]) and torch.equal(outs["cp_async"], outs["copied"])
@@ -1477,16 +1487,11 @@ def test_extra_memory_of_x_at_w_t_with_an_odd_k(monkeypatch, method):
     w = torch.randn(n, k, device="cuda", generator=gen)
     x_bytes = x.numel() * 4
     padded = lambda lines: lines * ((k + 3) // 4 * 4) * 4  # (an operand's lines padded to 16 bytes)
-    switches = ("TORCH_WMMAE_A_BY_RESIDUE", "TORCH_WMMAE_B_BY_RESIDUE")
-    outs, extra = {}, {}
-    for setting, off in (("by_residue", ()), ("w_copied", switches[1:]), ("both_copied", switches)):
-        for name in switches:
-            if name in off:
-                monkeypatch.setenv(name, "0")
-            else:
-                monkeypatch.delenv(name, raising=False)
-        with deterministic():
-            outs[setting], extra[setting] = _call_and_extra_bytes(lambda: corrected_matmul(x, w.t(), method=method))
+    w_copied = {"TORCH_WMMAE_B_BY_RESIDUE": "0"}
+    outs, extra = _extra_bytes_by_setting(
+        monkeypatch, {"by_residue": {}, "w_copied": w_copied,
+                      "both_copied": {**w_copied, "TORCH_WMMAE_A_BY_RESIDUE": "0"}},
+        lambda: corrected_matmul(x, w.t(), method=method))
     assert extra["by_residue"] <= 0.03 * x_bytes, (extra, x_bytes)
     assert padded(n) <= extra["w_copied"] <= padded(n) + 0.03 * x_bytes, (extra, x_bytes)
     assert padded(m) + padded(n) <= extra["both_copied"] <= padded(m) + padded(n) + 0.03 * x_bytes, (extra, x_bytes)
