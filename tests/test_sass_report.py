@@ -110,19 +110,22 @@ def _extension_rows():
     return rows
 
 
-# A row-major, B row-major, TMA stages, read-back, beside the resident pre-pass, odd width
-WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), (true|false), "
-                          r"(true|false), (true|false)>")
-TF32_WGMMA_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel<(true|false), (true|false), (true|false)>")
-# A read by residue (TMA stages): A row-major, B row-major, read-back, odd width; tf32: A row-major, B row-major
-BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_a_by_residue<(true|false), (true|false), (true|false), "
-                               r"(true|false)>")
-TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_a_by_residue<(true|false), (true|false)>")
-# B read by residue (column-major, TMA stages): A row-major, A by residue, read-back, odd width; tf32: A row-major, A by
-# residue
-B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_b_by_residue<(true|false), (true|false), (true|false), "
-                                 r"(true|false)>")
-TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_residue<(true|false), (true|false)>")
+# The wgmma GEMM's instantiations with the whole register file, by kind, and the tensor-core instructions a stage has at
+# least (three products of two k-steps, fp16, or of four, tf32). fp16: A row-major, B row-major, TMA stages, read-back,
+# beside the resident pre-pass (false: the others are held to 240 registers), odd width; tf32: A row-major, B
+# row-major, TMA stages. A read by residue (TMA stages): A row-major, B row-major, read-back, odd width; tf32: A
+# row-major, B row-major. B read by residue (column-major, TMA stages): A row-major, A by residue, read-back, odd
+# width; tf32: A row-major, A by residue.
+_FLAG = "(true|false)"
+WHOLE_REGISTER_FILE_KERNELS = {
+    "fp16": (re.compile(rf"corrected_gemm_sm90_kernel<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}, false, {_FLAG}>"), 6),
+    "tf32": (re.compile(rf"corrected_gemm_sm90_tf32_kernel<{_FLAG}, {_FLAG}, {_FLAG}>"), 12),
+    "fp16 by residue": (re.compile(rf"corrected_gemm_sm90_kernel_a_by_residue<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}>"), 6),
+    "tf32 by residue": (re.compile(rf"corrected_gemm_sm90_tf32_kernel_a_by_residue<{_FLAG}, {_FLAG}>"), 12),
+    "fp16 B by residue": (re.compile(rf"corrected_gemm_sm90_kernel_b_by_residue<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}>"),
+                          6),
+    "tf32 B by residue": (re.compile(rf"corrected_gemm_sm90_tf32_kernel_b_by_residue<{_FLAG}, {_FLAG}>"), 12),
+}
 
 
 def test_wgmma_stage_loops_do_not_spill():
@@ -131,30 +134,14 @@ def test_wgmma_stage_loops_do_not_spill():
     with TMA or cp.async stages, in any layout, with and without read-back chunks, for odd widths. (sass.md lists
     the others.)"""
     rows = [r for r in _extension_rows() if r["arch"] == "sm_90a"]
-    checked = {"fp16": 0, "tf32": 0, "fp16 by residue": 0, "tf32 by residue": 0, "fp16 B by residue": 0,
-               "tf32 B by residue": 0}
+    checked = dict.fromkeys(WHOLE_REGISTER_FILE_KERNELS, 0)
     for r in rows:
-        fp16 = WGMMA_KERNEL.fullmatch(r["kernel"])
-        if fp16 and fp16.group(5) == "false":
-            checked["fp16"] += 1
-            assert r["tensor_core"] >= 6, r
-        elif BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
-            checked["fp16 by residue"] += 1
-            assert r["tensor_core"] >= 6, r
-        elif TF32_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
-            checked["tf32 by residue"] += 1
-            assert r["tensor_core"] >= 12, r
-        elif B_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
-            checked["fp16 B by residue"] += 1
-            assert r["tensor_core"] >= 6, r
-        elif TF32_B_BY_RESIDUE_KERNEL.fullmatch(r["kernel"]):
-            checked["tf32 B by residue"] += 1
-            assert r["tensor_core"] >= 12, r
-        elif TF32_WGMMA_KERNEL.fullmatch(r["kernel"]):
-            checked["tf32"] += 1
-            assert r["tensor_core"] >= 12, r  # four k-steps of three products per stage
-        else:
+        kind = next((kind for kind, (pattern, _) in WHOLE_REGISTER_FILE_KERNELS.items()
+                     if pattern.fullmatch(r["kernel"])), None)
+        if kind is None:
             continue
+        checked[kind] += 1
+        assert r["tensor_core"] >= WHOLE_REGISTER_FILE_KERNELS[kind][1], r
         assert r["loop"] is not None, r
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
     # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back, and with TMA stages
