@@ -78,25 +78,6 @@ def test_low_precision_inputs_with_alpha(device, gen, dtype, n, batch):
     assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
 
 
-def test_alpha_breaking_a_float32_tie_of_the_diagonal_product(device):
-    """u_i^2 exactly halfway between two float32 values (u_i = -1.0320016138305536e16: 24 significant bits, so its
-    square has 48, exact in float64), plus a small alpha: the exact sum lies just past the tie, on alpha's side, and
-    rounded once (fmaf) it takes that side's float32 neighbour. A float64 sum loses alpha and lands on the tie, which
-    float32 rounding breaks to even: the fuzz test found its reference rounding so, on the CPU."""
-    u = torch.tensor([-1.0320016138305536e16, 1.5], dtype=torch.float32)
-    square = u[0].double() ** 2
-    below = torch.nextafter(square.float(), torch.tensor(0.0)) if square.float().double() > square else square.float()
-    above = torch.nextafter(below, torch.tensor(torch.inf))
-    assert below.double() < square < above.double() and square == (below.double() + above.double()) / 2  # a tie
-    for alpha, want in ((3.059620916238309, above), (-3.059620916238309, below)):
-        out = batched_outer(u.to(device), alpha=alpha).cpu()
-        assert out[0, 0] == want, (alpha, out[0, 0].item(), want.item())
-        alpha32 = torch.tensor(alpha).float().double()  # (the op adds alpha as a float32 value)
-        assert out[1, 1] == (2.25 + alpha32).float()
-        # (the diagonal: float32 inputs' off-diagonal products on the GPU carry its tolerance, not this test's)
-        assert torch.equal(out.diagonal(), outer_reference64(u, None, alpha).float().diagonal())
-
-
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_alpha_cancelling_the_diagonal_product(device, dtype):
     """u_i v_i + alpha where the two nearly cancel (found by the fuzz test on an H200: an fp16 subnormal
@@ -125,12 +106,16 @@ def test_float32_diagonal_rounded_once(device):
     """float32 inputs: the diagonal u_i v_i + alpha is rounded once to float32, as fmaf rounds it. Here
     u v = 64 + 2^-40 exactly, and with alpha = 2^30 the exact sum lies 2^-40 above the midpoint between two
     float32 values: rounded once it goes up (2^30 + 128); summed in float64 first it lands on the midpoint and
-    then rounds to even (2^30), an ulp too low."""
+    then rounds to even (2^30), an ulp too low. The same negated goes down. The float64 reference of the other tests
+    (outer_reference64) breaks such ties as the exact sum does (the CPU fuzz test met one: u_i^2 = 1.065e32 on a tie,
+    alpha = 3.06)."""
     u = torch.tensor([[8392705 * 2.0**-23]], device=device)
     v = torch.tensor([[16769026 * 2.0**-18]], device=device)
     assert u.double() * v.double() == 64 + 2.0**-40
-    out = batched_outer(u, v, alpha=2.0**30)
-    assert out.item() == 2.0**30 + 128
+    for sign in (1.0, -1.0):
+        out = batched_outer(sign * u, v, alpha=sign * 2.0**30)
+        assert out.item() == sign * (2.0**30 + 128)
+        assert torch.equal(out.cpu(), outer_reference64(sign * u, v, sign * 2.0**30).float())
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=str)
