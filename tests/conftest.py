@@ -348,10 +348,10 @@ def runs_sm90_gemm(device="cuda") -> bool:
 
 # The wgmma fp16 kernel's instantiations that read a chunk's partial sums back in one batch (kReadBack), for even
 # output widths or odd ones (kOddWidth, which stages them); also those that read A by residue (A row-major, B
-# row-major, kReadBack, kOddWidth) or B by residue (A row-major, A by residue, kReadBack, kOddWidth).
+# row-major, kReadBack, kOddWidth) or B by residue (the same, then A by residue).
 READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel<(true|false), (true|false), (true|false), true, false, "
                               r"(true|false)>|corrected_gemm_sm90_kernel_[ab]_by_residue<(true|false), (true|false), "
-                              r"true, (true|false)>")
+                              r"true, (true|false)[,>]")
 
 # The small GEMM's kernels (corrected_gemm_small.cuh), their template arguments: tile, K bucket, A row-major,
 # B row-major, hi*hi sums per fragment.

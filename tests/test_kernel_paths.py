@@ -577,8 +577,7 @@ def test_corrected_matmul_tma_stages(gen, monkeypatch, case):
         if read_by_tma["tma"]:  # the instantiation of the operands' layouts (a copy keeps its operand's)
             a_row, b_row = str(not a_col).lower(), str(not b_col).lower()
             layout = f"corrected_gemm_sm90_kernel<{a_row}, {b_row}, true, "
-            by_residue = (f"corrected_gemm_sm90_kernel_b_by_residue<{a_row}, " if b_col else
-                          f"corrected_gemm_sm90_kernel_a_by_residue<{a_row}, {b_row}, ")
+            by_residue = f"_by_residue<{a_row}, {b_row}, "  # (A's or B's kernels: the layouts come first)
             assert any(layout in name or by_residue in name for name in kernels["tma"]), kernels["tma"]
 
 
@@ -592,7 +591,7 @@ GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_[ab]_by_residue)?
 # (a, b) as (shape, line stride, storage offset, column-major), the method, and the product's GEMM: "folds" (K <=
 # 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (no
 # copies: a batch of two dimensions, or an operand of at least 8 MiB that one line of output tiles reads,
-# tma_copies_pay, except an A without a batch, which TMA reads by residue of its lines). Odd K and N (lines of
+# tma_copies_pay, except an operand without a batch, which TMA reads by residue of its lines). Odd K and N (lines of
 # 33, 133, 301, 1001 and 8193 floats), storage offsets, column-major operands, a batch with an operand broadcast
 # (copied once), and the tf32 method.
 TMA_COPY_CASES = {
@@ -604,7 +603,9 @@ TMA_COPY_CASES = {
     "both_odd_k1001": (((130, 1001), 1001, 0, False), ((1001, 133), 133, 0, False), "auto", "prepass"),
     "tf32_b_odd": (((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", "prepass"),
     "two_batch_dims_odd": (((2, 1, 130, 72), 72, 0, False), ((3, 72, 133), 133, 0, False), "fp16", "cp_async"),
-    "b_9mb_read_once": (((128, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "cp_async"),
+    "b_9mb_read_once_batched": (((2, 128, 300), 300, 0, False), ((2, 300, 8193), 8193, 0, False), "fp16",
+                                "cp_async"),
+    "b_9mb_read_once_by_residue": (((128, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
     "b_9mb_read_twice": (((129, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
     "a_9mb_read_once_by_residue": (((8193, 301), 301, 0, False), ((301, 128), 128, 0, False), "auto", "prepass"),
     "a_col_9mb_read_once_by_residue": (((8193, 301), 8193, 0, True), ((301, 128), 128, 0, False), "auto",
@@ -637,9 +638,9 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
 
 
 A_BY_RESIDUE_SWITCH = "TORCH_WMMAE_A_BY_RESIDUE"
-# (A by residue: the kernels named for it, and those of B by residue with kAResidues, their second argument.)
-BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_(a_by_residue<|b_by_residue<(true|false), true)")
-TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_(a_by_residue<|b_by_residue<(true|false), true)")
+# (A by residue: the kernels named for it, and those of B by residue with kAResidues, their last argument.)
+BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_(a_by_residue<|b_by_residue<[^>]*true>)")
+TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_(a_by_residue<|b_by_residue<[^>]*true>)")
 
 
 class ByResidueCase(NamedTuple):
@@ -765,8 +766,10 @@ def test_corrected_matmul_a_by_residue(gen, monkeypatch, case):
 
 
 B_BY_RESIDUE_SWITCH = "TORCH_WMMAE_B_BY_RESIDUE"
-# (B by residue: its kernels' arguments are A row-major, A by residue, and for fp16 read-back and odd width.)
-B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_b_by_residue<(true|false), (true|false)")
+# (B by residue: its kernels' arguments are A row-major, B row-major, for fp16 read-back and odd width, and A by
+# residue.)
+B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_b_by_residue<(true|false), (true|false), "
+                                 r"(?:(?:true|false), ){0,2}(true|false)>")
 TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_residue<")
 
 
@@ -776,7 +779,10 @@ TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_res
 # tiles that are not fp16-safe are FMAs from the stages) and longer (the pre-pass); N = 4 and 5 (residues of one or two
 # columns), N = 3 (too few columns: copied); A aligned (row- or column-major) or by residue itself (rows, or k where
 # column-major); odd widths; chunks of 1024 read back; split-K and stream-K; an Inf in A and in B; the tf32 method and
-# auto's tf32 tiles; a B of 9 MiB read once (M <= 128), which without residues keeps cp.async stages.
+# auto's tf32 tiles; a B of 9 MiB read once (M <= 128), which without residues keeps cp.async stages. Row-major B (the W
+# of grad @ W, the x of grad.t() @ x) whose rows TMA cannot read as one map (an odd width, a row stride that is not a
+# multiple of 4, a storage offset), by residue of its k: the same kinds of cases ("b_row_"), with K = 4 (one k of each
+# residue) and K = 3 (copied), and an even width of unaligned rows.
 B_BY_RESIDUE_CASES = {
     "k33_folds_auto": ByResidueCase(((300, 33), 36, 0, False), ((33, 136), 33, 0, True), "auto", folds=True),
     "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 128, 0, False), ((127, 200), 128, 1, True), "fp16",
@@ -816,6 +822,45 @@ B_BY_RESIDUE_CASES = {
     "stream_k": ByResidueCase(((200, 3001), 3004, 0, False), ((3001, 301), 3001, 0, True), "fp16",
                               env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
     "read_once_9mb": ByResidueCase(((128, 4097), 4100, 0, False), ((4097, 600), 4097, 0, True), "auto"),
+    "b_row_n133_folds_auto": ByResidueCase(((300, 64), 64, 0, False), ((64, 133), 133, 0, False), "auto", folds=True),
+    "b_row_offset_1_folds_fp16": ByResidueCase(((257, 127), 128, 0, False), ((127, 200), 200, 1, False), "fp16",
+                                               folds=True),
+    "b_row_folds_auto_fma_tiles": ByResidueCase(((300, 65), 68, 0, False), ((65, 137), 137, 0, False), "auto",
+                                                wide_row=True, folds=True),
+    "b_row_folds_auto_inf_in_b": ByResidueCase(((300, 65), 68, 0, False), ((65, 137), 137, 0, False), "auto",
+                                               inf_col=True, folds=True),
+    "b_row_k1001_fp16_inf_in_b": ByResidueCase(((130, 1001), 1004, 0, False), ((1001, 133), 133, 0, False), "fp16",
+                                               inf_col=True),
+    "b_row_k1002_auto": ByResidueCase(((257, 1002), 1004, 0, False), ((1002, 201), 201, 0, False), "auto"),
+    "b_row_tf32": ByResidueCase(((130, 1003), 1004, 0, False), ((1003, 135), 135, 0, False), "tf32"),
+    "b_row_auto_inf_in_a": ByResidueCase(((130, 1003), 1004, 0, False), ((1003, 135), 135, 0, False), "auto",
+                                         inf_row=True),
+    "b_row_offset_2_stride_75_folds": ByResidueCase(((257, 72), 72, 0, False), ((72, 70), 75, 2, False), "auto",
+                                                    folds=True),
+    "b_row_offset_3_even_width": ByResidueCase(((130, 301), 304, 0, False), ((301, 136), 138, 3, False), "auto"),
+    "b_row_k4": ByResidueCase(((301, 4), 4, 0, False), ((4, 133), 133, 0, False), "fp16", folds=True),
+    "b_row_k3_copied": ByResidueCase(((301, 3), 4, 0, False), ((3, 133), 133, 0, False), "fp16", by_residue=False,
+                                     folds=True),
+    "b_row_n5": ByResidueCase(((130, 1001), 1004, 0, False), ((1001, 5), 5, 0, False), "fp16"),
+    "b_row_a_by_residue": ByResidueCase(((200, 333), 333, 0, False), ((333, 131), 131, 0, False), "auto",
+                                        a_by_residue=True),
+    "b_row_a_by_residue_folds": ByResidueCase(((300, 101), 101, 0, False), ((101, 133), 133, 0, False), "auto",
+                                              a_by_residue=True, folds=True),
+    "b_row_a_col_by_residue": ByResidueCase(((130, 1001), 131, 0, True), ((1001, 133), 133, 0, False), "fp16",
+                                            a_by_residue=True),
+    "b_row_a_col_by_residue_tf32": ByResidueCase(((130, 1001), 131, 0, True), ((1001, 133), 133, 0, False), "tf32",
+                                                 a_by_residue=True),
+    "b_row_a_col_aligned_auto": ByResidueCase(((130, 1001), 132, 0, True), ((1001, 133), 133, 0, False), "auto"),
+    "b_row_chunks_read_back": ByResidueCase(((300, 2101), 2104, 0, False), ((2101, 136), 138, 0, False), "fp16"),
+    "b_row_chunks_read_back_odd_width": ByResidueCase(((130, 2101), 2104, 0, False), ((2101, 133), 133, 0, False),
+                                                      "fp16"),
+    "b_row_wide_row_auto_tf32_tiles": ByResidueCase(((300, 1001), 1004, 0, False), ((1001, 133), 133, 0, False),
+                                                    "auto", wide_row=True),
+    "b_row_split_k": ByResidueCase(((130, 4101), 4104, 0, False), ((4101, 133), 133, 0, False), "fp16",
+                                   deterministic=False, atomics_in_any_order=True),
+    "b_row_stream_k": ByResidueCase(((200, 3001), 3004, 0, False), ((3001, 301), 301, 0, False), "fp16",
+                                    env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
+    "b_row_read_once_9mb": ByResidueCase(((128, 4097), 4100, 0, False), ((4097, 601), 601, 0, False), "auto"),
 }
 
 
@@ -823,19 +868,19 @@ B_BY_RESIDUE_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(B_BY_RESIDUE_CASES))
 def test_corrected_matmul_b_by_residue(gen, monkeypatch, case):
-    """Where the tile GEMMs would copy a column-major B that TMA cannot read as one map (or, read once, copy its stages
-    with cp.async), they read it in place by residue of its columns (four maps, TmaMaps::b_by_residue): the same bits
-    as with TORCH_WMMAE_B_BY_RESIDUE=0, within the float32 bound, every output written (the pool is NaN-poisoned), B
-    left as it was; the by-residue kernels run exactly where they should, with A by residue where its lines need it."""
+    """Where the tile GEMMs would copy a B that TMA cannot read as one map (or, read once, copy its stages with
+    cp.async), they read it in place by residue of its lines (four maps, TmaMaps::b_by_residue: columns where B is
+    column-major, k where row-major): the same bits as with TORCH_WMMAE_B_BY_RESIDUE=0, within the float32 bound, every
+    output written (the pool is NaN-poisoned), B left as it was; the by-residue kernels run exactly where they should,
+    in B's layout, with A by residue where its lines need it."""
     c = B_BY_RESIDUE_CASES[case]
-    assert c.b[-1], "column-major B"
     kernels = _by_residue_calls(gen, monkeypatch, c, B_BY_RESIDUE_SWITCH, case)
     if _sees_sm90_kernels():
         ran, copied = _own_kernels(kernels["default"]), _own_kernels(kernels["0"])
         assert any(GEMM_KERNEL.search(k) for k in ran) and any(GEMM_KERNEL.search(k) for k in copied), (ran, copied)
         by_residue = [m for m in map(B_BY_RESIDUE_KERNEL.search, ran) if m]
         assert bool(by_residue) == c.by_residue, ran
-        assert all(m.group(2) == str(not c.a[-1]).lower() and m.group(3) == str(c.a_by_residue).lower()
+        assert all(m.groups()[1:] == (str(not c.a[-1]).lower(), str(not c.b[-1]).lower(), str(c.a_by_residue).lower())
                    for m in by_residue), ran
         # (auto's tf32 GEMM runs after the fp16 one, and returns at once where every tile was fp16-safe)
         tf32_gemm = c.by_residue and c.method != "fp16" and not c.folds
@@ -849,11 +894,11 @@ STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
 # the resident pre-pass's, plain or reading back), which stage their rows.
 # (And those that read A or B by residue: A row-major, B row-major or A by residue, kReadBack, kOddWidth.)
 ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_[ab]_by_residue<(true|false), (true|false), (true|false), "
-                              r"true>|"
+                              r"true[,>]|"
                               r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "
                               r"true>")
 ODD_WIDTH_READ_BACK_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_[ab]_by_residue<(true|false), (true|false), true, "
-                                        r"true>|"
+                                        r"true[,>]|"
                                         r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, true, false, "
                                         r"true>")
 

@@ -114,17 +114,17 @@ def _extension_rows():
 # least (three products of two k-steps, fp16, or of four, tf32). fp16: A row-major, B row-major, TMA stages, read-back,
 # beside the resident pre-pass (false: the others are held to 240 registers), odd width; tf32: A row-major, B
 # row-major, TMA stages. A read by residue (TMA stages): A row-major, B row-major, read-back, odd width; tf32: A
-# row-major, B row-major. B read by residue (column-major, TMA stages): A row-major, A by residue, read-back, odd
-# width; tf32: A row-major, A by residue.
+# row-major, B row-major. B read by residue (TMA stages): A row-major, B row-major, read-back, odd width, A by residue;
+# tf32: A row-major, B row-major, A by residue.
 _FLAG = "(true|false)"
 WHOLE_REGISTER_FILE_KERNELS = {
     "fp16": (re.compile(rf"corrected_gemm_sm90_kernel<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}, false, {_FLAG}>"), 6),
     "tf32": (re.compile(rf"corrected_gemm_sm90_tf32_kernel<{_FLAG}, {_FLAG}, {_FLAG}>"), 12),
     "fp16 by residue": (re.compile(rf"corrected_gemm_sm90_kernel_a_by_residue<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}>"), 6),
     "tf32 by residue": (re.compile(rf"corrected_gemm_sm90_tf32_kernel_a_by_residue<{_FLAG}, {_FLAG}>"), 12),
-    "fp16 B by residue": (re.compile(rf"corrected_gemm_sm90_kernel_b_by_residue<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}>"),
-                          6),
-    "tf32 B by residue": (re.compile(rf"corrected_gemm_sm90_tf32_kernel_b_by_residue<{_FLAG}, {_FLAG}>"), 12),
+    "fp16 B by residue": (
+        re.compile(rf"corrected_gemm_sm90_kernel_b_by_residue<{_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}, {_FLAG}>"), 6),
+    "tf32 B by residue": (re.compile(rf"corrected_gemm_sm90_tf32_kernel_b_by_residue<{_FLAG}, {_FLAG}, {_FLAG}>"), 12),
 }
 
 
@@ -146,10 +146,10 @@ def test_wgmma_stage_loops_do_not_spill():
         assert r["loop_local"] == 0, f"{r['kernel']}: {r['loop_local']} local-memory accesses in its stage loop"
     # fp16: A and B row- or column-major, TMA or cp.async stages, with and without read-back, and with TMA stages
     # for odd widths, with and without read-back; tf32: no read-back; by residue: A and B row- or column-major, with
-    # and without read-back and odd widths (fp16), A and B row- or column-major (tf32); B by residue: A row- or
-    # column-major, by residue or not, with and without read-back and odd widths (fp16), without (tf32)
-    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 16, "tf32 by residue": 4, "fp16 B by residue": 16,
-                       "tf32 B by residue": 4}
+    # and without read-back and odd widths (fp16), A and B row- or column-major (tf32); B by residue: the same, with A
+    # by residue or not
+    assert checked == {"fp16": 16 + 8, "tf32": 8, "fp16 by residue": 16, "tf32 by residue": 4, "fp16 B by residue": 32,
+                       "tf32 B by residue": 8}
 
 
 def test_small_gemm_product_loops_do_not_spill():

@@ -5,8 +5,9 @@
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
 //   (a box per warp, an mbarrier per slot) when TMA can read both operands in place, row- or column-major
 //   (kTma; an A whose lines one map cannot read, in four maps by residue of its rows, AResidueStageTile, or of its
-//   columns where it is column-major, AKResidueStageTile; a column-major B whose columns one map cannot read, in four
-//   maps by residue of its columns, BResidueStageTile), else by cp.async from every thread.
+//   columns where it is column-major, AKResidueStageTile; a B whose lines one map cannot read, in four maps by
+//   residue of its columns where it is column-major, BResidueStageTile, or of its rows, BKResidueStageTile), else by
+//   cp.async from every thread.
 // - A is split into fp16 hi and scaled residual straight into wgmma's register fragments: each thread reads
 //   its fragment's elements from the fp32 stage (the library idea, load_matrix_with_op, for the wgmma layout),
 //   so A's hi/lo never touch shared memory.
@@ -102,16 +103,18 @@ struct AResidueStageTile : ResidueLinesTile<kBlockM, kBlockK + 4> {
   static constexpr int shift(int lines8, int inner32) { return lines8 * 8 * kLd + inner32 * 32; }
 };
 
-// A's stage tile where TMA reads a column-major A by residue of its columns, the k-lines (TmaMaps::a_by_residue with
-// A column-major): box j (lines 8 j .. 8 j + 7) holds the stage's k0 + j, k0 + j + 4, ... (line_of_k), each 136
-// floats of m from the tile's m0, the 16-byte aligned start of the box in map j, where the tile's m start at column
-// shift[j] < 4 (encode_fp32_residue_maps), unswizzled. The products keep the stage's k in order: each of A's elements
-// is read from its k's line, at its k's shift (so, unlike rows by residue, nothing else follows another order). With
-// lines of 136 floats the fragment reads have 2-way bank conflicts at every shift (4-way with 132).
-struct AKResidueStageTile {
+// The stage tile of an operand whose k-lines TMA reads by residue of k (TmaMaps::a_by_residue with A column-major,
+// b_by_residue with B row-major): box j (lines 8 j .. 8 j + 7) holds the stage's k0 + j, k0 + j + 4, ... (line_of_k),
+// each 136 floats of the operand's m or n from the tile's m0 or n0, the 16-byte aligned start of the box in map j,
+// where the tile's m or n start at column shift[j] < 4 (encode_fp32_residue_maps), unswizzled. The products keep the
+// stage's k in order: each element is read from its k's line, at its k's shift (so, unlike rows by residue, nothing
+// else follows another order). With lines of 136 floats A's fragment reads have 2-way bank conflicts at every shift
+// (4-way with 132).
+template <int kTileInner>
+struct KResidueStageTile {
   static constexpr int kOuter = kBlockK;
-  static constexpr int kInner = kBlockM;
-  static constexpr int kLd = kBlockM + 8;
+  static constexpr int kInner = kTileInner;
+  static constexpr int kLd = kTileInner + 8;
   static constexpr int kBoxLines = kBlockK / 4;
   static constexpr int kBoxes = 4;
   static constexpr int kFloats = kOuter * kLd;
@@ -120,11 +123,15 @@ struct AKResidueStageTile {
   static constexpr bool kByResidue = false;
   static constexpr bool kKByResidue = true;
   __device__ static constexpr int line_of_k(int k) { return k % 4 * kBoxLines + k / 4; }
-  // Offset in floats of element (k, m) of the stage, before its k's shift.
-  __device__ static int offset(int k, int m) { return line_of_k(k) * kLd + m; }
+  // Offset in floats of element (k, m or n) of the stage, before its k's shift.
+  __device__ static int offset(int k, int inner) { return line_of_k(k) * kLd + inner; }
   // (k + 8 lies two lines further in the same box.)
   static constexpr int shift(int lines8, int inner32) { return lines8 * 2 * kLd + inner32 * 32; }
 };
+// A column-major A by residue of its k; a row-major B by residue of its k (the x of grad_w = grad.t() @ x, or the W of
+// grad_x = grad @ W, with an odd width).
+using AKResidueStageTile = KResidueStageTile<kBlockM>;
+using BKResidueStageTile = KResidueStageTile<kBlockN>;
 
 // B's stage tile where TMA reads a column-major B by residue of its columns (TmaMaps::b_by_residue): box j (lines
 // 32 j .. 32 j + 31) holds the tile's columns j, j + 4, ... (line_of_column), 40 floats each from the 16-byte aligned
@@ -227,10 +234,11 @@ template <bool kARowMajor, bool kBRowMajor, bool kTma, Method kM = Method::fp16,
           bool kBResidues = false>
 struct Config {
   static_assert(!kAResidues || kTma, "A by residue: TMA stages");
-  static_assert(!kBResidues || (kTma && !kBRowMajor), "B by residue: column-major, TMA stages");
+  static_assert(!kBResidues || kTma, "B by residue: TMA stages");
   using A = std::conditional_t<kAResidues, std::conditional_t<kARowMajor, AResidueStageTile, AKResidueStageTile>,
                                StageTile<kARowMajor, kBlockM, kBlockK, kTma>>;
-  using B = std::conditional_t<kBResidues, BResidueStageTile, StageTile<kBRowMajor, kBlockK, kBlockN, kTma>>;
+  using B = std::conditional_t<kBResidues, std::conditional_t<kBRowMajor, BKResidueStageTile, BResidueStageTile>,
+                               StageTile<kBRowMajor, kBlockK, kBlockN, kTma>>;
   // fp32 stages, then the triple-buffered hi/lo tiles of B, then the line scales, the output tile and the
   // block's current piece of work, then (TMA) one mbarrier per stage slot. TMA's 128-byte swizzle wants
   // 1024-byte aligned boxes: the kernel aligns the base.
@@ -254,8 +262,8 @@ struct Config {
 // a_by_residue: TMA cannot read A's lines as one map (a line stride or start that is not a multiple of 16 bytes: an
 // odd K or M, a storage offset), so the corrected_gemm_sm90*_kernel_a_by_residue instantiations read them by residue
 // (rows where A is row-major, columns where column-major), with ResidueMaps instead of `a`. b_by_residue: the same
-// for a column-major B's columns (the corrected_gemm_sm90*_kernel_b_by_residue instantiations, with A by residue or
-// not), with ResidueMaps instead of `b`.
+// for B's lines (columns where B is column-major, rows where row-major: the corrected_gemm_sm90*_kernel_b_by_residue
+// instantiations, with A by residue or not), with ResidueMaps instead of `b`.
 struct TmaMaps {
   CUtensorMap a, b;
   bool a_batched, b_batched, a_by_residue, b_by_residue;
@@ -266,7 +274,8 @@ struct TmaMaps {
 // first element. A row-major, element (row, k) is at (k + shift[row % 4], row / 4), and each stage loads its 128 rows
 // as four boxes of AResidueStageTile, one per residue; A column-major, element (row, k) is at (row + shift[k % 4],
 // k / 4), and each stage loads its 32 k as four boxes of AKResidueStageTile; B column-major, element (k, n) is at
-// (k + shift[n % 4], n / 4), four boxes of BResidueStageTile. A kernel parameter of those instantiations only (the
+// (k + shift[n % 4], n / 4), four boxes of BResidueStageTile; B row-major, element (k, n) is at (n + shift[k % 4],
+// k / 4), four boxes of BKResidueStageTile. A kernel parameter of those instantiations only (the
 // others' registers turned on the size of TmaMaps).
 struct ResidueMaps {
   CUtensorMap maps[kLineResidues];
@@ -405,12 +414,13 @@ __device__ inline ExponentRange tile_line_range(const MagnitudeKeys (&keys)[4], 
 // column shift[r % 4], read one float at a time. Column-major A by residue of its k (AKResidueStageTile): the same
 // argument; k c + q at its line and shift[q] (c is a multiple of 4), four rows read one float at a time. Column-major
 // B by residue of its columns (BResidueStageTile): its shifts after A's, if any; column col_of(4 h + q) (of residue q)
-// at its line and shift[q], four k read one float at a time.
+// at its line and shift[q], four k read one float at a time; row-major B by residue of its k (BKResidueStageTile): its
+// shifts after A's, if any; k c + q at its line and shift[q], four columns read one float at a time.
 template <class A, class B, bool kARowMajor, bool kBRowMajor, class... ResidueShifts>
 __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const float* stage_b, int first_slot,
                                                      int k_count, float* origin, std::int64_t n, int rows, int cols,
                                                      const ResidueShifts*... residue_shifts) {
-  constexpr bool kAResidues = A::kByResidue || A::kKByResidue, kBResidues = B::kByResidue;
+  constexpr bool kAResidues = A::kByResidue || A::kKByResidue, kBResidues = B::kByResidue || B::kKByResidue;
   static_assert(sizeof...(ResidueShifts) == int{kAResidues} + int{kBResidues},
                 "the shifts of the operands read by residue: A's, then B's");
   constexpr int kRows = 4, kCols = 8, kColGroups = kBlockN / 2 / 4;  // (16 threads across a row of the tile)
@@ -458,7 +468,12 @@ __device__ __noinline__ void fma_tile_from_stages(const float* stage_a, const fl
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if constexpr (kBRowMajor) {  // q: a k, four columns
+            if constexpr (B::kKByResidue) {  // q: a k (c % 4 = 0: of residue q), four columns
+              const int* const shift[] = {residue_shifts...};
+              const float* columns = sb + B::offset(c + q, col_of(4 * h)) + shift[sizeof...(ResidueShifts) - 1][q];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) bv[q][4 * h + e] = columns[e];
+            } else if constexpr (kBRowMajor) {  // q: a k, four columns
               const float4 v = f4(sb + B::offset(c + q, col_of(4 * h)));
 #pragma unroll
               for (int e = 0; e < 4; ++e) bv[q][4 * h + e] = at(v, e);
@@ -516,8 +531,9 @@ __device__ __forceinline__ void wait_for_resident_prepass(const int* items_done,
 // instantiation, so that the others' code stays as it was: with the staging in every instantiation, aligned shapes
 // were 1-4% slower, H200). kAResidues: A read by TMA by residue of its lines (TmaMaps::a_by_residue): row-major, its
 // stage lines in the order of tile_row_of_line, which the line scales and the flush follow (AResidueStageTile); or
-// column-major, by residue of its k, which only A's readers follow (AKResidueStageTile). kBResidues: a column-major B
-// read by TMA by residue of its columns (TmaMaps::b_by_residue), which only B's readers follow (BResidueStageTile).
+// column-major, by residue of its k, which only A's readers follow (AKResidueStageTile). kBResidues: B read by TMA by
+// residue of its lines (TmaMaps::b_by_residue), which only B's readers follow: column-major by residue of its columns
+// (BResidueStageTile), row-major by residue of its k (BKResidueStageTile).
 template <Method kM, bool kARowMajor, bool kBRowMajor, bool kTma, bool kReadBack, bool kBesidePrepass, bool kOddWidth,
           bool kAResidues = false, bool kBResidues = false>
 __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const TmaMaps& maps,
@@ -528,11 +544,11 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   static_assert(!kOddWidth || (kM == Method::fp16 && kTma && !kBesidePrepass && staging_fits<kM>()),
                 "odd widths: the fp16 instantiations with TMA stages (plain or reading back) only");
   static_assert(!kAResidues || (kTma && !kBesidePrepass), "A by residue: TMA stages, not beside the pre-pass");
-  static_assert(!kBResidues || (kTma && !kBesidePrepass && !kBRowMajor),
-                "B by residue: column-major, TMA stages, not beside the pre-pass");
+  static_assert(!kBResidues || (kTma && !kBesidePrepass), "B by residue: TMA stages, not beside the pre-pass");
 #ifdef WMMAE_SM90A_DEVICE
   constexpr bool kTf32 = kM == Method::tf32;
   constexpr bool kARowResidues = kAResidues && kARowMajor, kAKResidues = kAResidues && !kARowMajor;
+  constexpr bool kBColResidues = kBResidues && !kBRowMajor, kBKResidues = kBResidues && kBRowMajor;
   // auto's tf32 GEMM after the fp16 one, the next call's first kernel after either; or as each block starts its last
   // piece (GemmArgs::dependents_at_last_piece, below)
   if (!args.dependents_at_last_piece) allow_dependent_grid();
@@ -636,15 +652,20 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   // B: MN-major split, row b_mn_row; K-major, column b_split_col(0) at k b_split_k(0) + d (row-major:
   // b_elem_off[d]) or at k b_split_k(kc) (column-major: b_elem_off[kc], the 128-byte swizzle mixes k's 8s). By
   // residue of its columns, column n's k start at column b_column_shift(n) of its line (see BResidueStageTile): the
-  // same for each of a thread's columns (n % 4 is fixed per thread).
+  // same for each of a thread's columns (n % 4 is fixed per thread). Row-major by residue of its k, row k's n start at
+  // column b_k_shift(k) of its line (see BKResidueStageTile): k + 8 has the same.
   auto b_column_shift = [&](int n) {
-    if constexpr (kBResidues) return b_residues->shift[n % 4];
+    if constexpr (kBColResidues) return b_residues->shift[n % 4];
+    return 0;
+  };
+  auto b_k_shift = [&](int k) {
+    if constexpr (kBKResidues) return b_residues->shift[k % 4];
     return 0;
   };
   int b_elem_off[kBlockK / 8];
 #pragma unroll
   for (int j = 0; j < kBlockK / 8; ++j) {
-    b_elem_off[j] = sizeof(float) * (kBMnMajor    ? B::offset(b_mn_row, b_mn_col)
+    b_elem_off[j] = sizeof(float) * (kBMnMajor    ? B::offset(b_mn_row, b_mn_col) + b_k_shift(b_mn_row)
                                      : kBRowMajor ? B::offset(b_split_k(0) + j % 2, b_split_col(0))
                                                   : B::offset(b_split_col(0), b_split_k(j)) +
                                                         b_column_shift(b_split_col(0)));
@@ -668,7 +689,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    b_tf32_off[j] = sizeof(float) * (kBRowMajor ? B::offset(4 * tf32_kg + j, tf32_n)
+    b_tf32_off[j] = sizeof(float) * (kBRowMajor ? B::offset(4 * tf32_kg + j, tf32_n) + b_k_shift(j)
                                                 : B::offset(tf32_n, 4 * (tf32_kg + 2 * j)) + b_column_shift(tf32_n));
   }
   const int tf32_split_off = tf32_split_offset(tf32_n, 4 * tf32_kg);
@@ -716,7 +737,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     const int box = box_of_a ? warp : warp - A::kBoxes;
     // (By residue: A's box j is map j's, at outer coordinate m0 / 4 (AResidueStageTile), or column-major at inner
     // coordinate m0 and outer k0 / 4 (AKResidueStageTile); B's box j is map j's, at outer coordinate n0 / 4
-    // (BResidueStageTile).)
+    // (BResidueStageTile), or row-major at inner coordinate n0 and outer k0 / 4 (BKResidueStageTile).)
     const CUtensorMap* box_map = box_of_a ? &maps.a : &maps.b;
     if constexpr (kAResidues) {
       if (box_of_a) box_map = &a_residues->maps[box];
@@ -735,8 +756,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       } else if constexpr (kAKResidues) {
         if (box_of_a) return static_cast<int>(tile_m0);
       }
-      if constexpr (kBResidues) {
+      if constexpr (kBColResidues) {
         if (!box_of_a) return static_cast<int>(tile_n0 / 4);
+      } else if constexpr (kBKResidues) {
+        if (!box_of_a) return static_cast<int>(tile_n0);
       }
       return static_cast<int>(box_of_a ? tile_m0 : tile_n0) + box * 32;
     };
@@ -753,8 +776,13 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int slot = slot_of(kt);
       const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
       mbarrier_arrive_expect_tx(full, box_bytes);
-      if constexpr (kAKResidues) {
-        if (box_of_a) k0 /= 4;  // (map j's line i is k-line 4 i + j)
+      // (map j's line i is k-line 4 i + j)
+      if constexpr (kAKResidues && kBKResidues) {
+        k0 /= 4;
+      } else if constexpr (kAKResidues) {
+        if (box_of_a) k0 /= 4;
+      } else if constexpr (kBKResidues) {
+        if (!box_of_a) k0 /= 4;
       }
       tma_load_3d(box_dst + slot * box_slot_bytes, box_map, full, box_k_inner ? k0 : line, box_k_inner ? line : k0,
                   batch_z);
@@ -832,16 +860,25 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
                                MagnitudeKeys::none()};
       int r_shift = 0;  // (by residue: line r's first k in its box, see AResidueStageTile)
       if constexpr (kARowResidues) r_shift = r < kBlockM ? a_residues->shift[r / AResidueStageTile::kBoxLines] : 0;
-      const int* k_shifts = nullptr;  // (column-major by residue of k: each k's shift, see AKResidueStageTile)
-      if constexpr (kAKResidues) k_shifts = a_residues->shift;
-      int column_shift = 0;  // (B by residue: column r - kBlockM's first k in its line, see BResidueStageTile)
-      if constexpr (kBResidues) column_shift = r < kBlockM ? 0 : b_column_shift(r - kBlockM);
+      // (k-lines by residue: each k's shift, see KResidueStageTile; A's in warps 0-3, B's in warps 4-7; an operand
+      // whose k-lines are not by residue does not read them)
+      const int* k_shifts = nullptr;
+      if constexpr (kAKResidues && kBKResidues) {
+        k_shifts = r < kBlockM ? a_residues->shift : b_residues->shift;
+      } else if constexpr (kAKResidues) {
+        k_shifts = a_residues->shift;
+      } else if constexpr (kBKResidues) {
+        k_shifts = b_residues->shift;
+      }
+      // (B by residue of columns: column r - kBlockM's first k in its line, see BResidueStageTile)
+      int column_shift = 0;
+      if constexpr (kBColResidues) column_shift = r < kBlockM ? 0 : b_column_shift(r - kBlockM);
       for (int s = 0; s < k_tiles; ++s) {
         wait_tma_stage(s);
         if (r < kBlockM) {
           fold_stage_line<A, kARowMajor>(keys, stage_a_of(s), r, r_shift, k_shifts);
         } else {
-          fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM, column_shift);
+          fold_stage_line<B, !kBRowMajor>(keys, stage_b_of(s), r - kBlockM, column_shift, k_shifts);
         }
       }
       std::int64_t index;  // (unused: the ranges are this tile's own)
@@ -851,7 +888,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const ExponentRange range =
           r < kBlockM ? tile_line_range<A, kARowMajor>(keys, stage_a, slot_of(0), k_tiles, r, r_shift, k_shifts)
                       : tile_line_range<B, !kBRowMajor>(keys, stage_b, slot_of(0), k_tiles, r - kBlockM,
-                                                        column_shift);
+                                                        column_shift, k_shifts);
       return line_scales_from<kM>(scales, in_matrix, range);
     };
     auto load_scales = [&]() {
@@ -971,7 +1008,12 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         float4 q[kRowGroups];
 #pragma unroll
         for (int kc = 0; kc < kRowGroups; ++kc) {
-          q[kc] = *reinterpret_cast<const float4*>(at(0, kc, 0));
+          if constexpr (kBKResidues) {  // (a k's shift leaves its columns 4-byte aligned only)
+            const float* p = reinterpret_cast<const float*>(at(0, kc, 0));
+            q[kc] = make_float4(p[0], p[1], p[2], p[3]);
+          } else {
+            q[kc] = *reinterpret_cast<const float4*>(at(0, kc, 0));
+          }
         }
 #pragma unroll
         for (int kc = 0; kc < kRowGroups; ++kc) {
@@ -1512,23 +1554,24 @@ __global__ void __maxnreg__(255)
   corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, true, false, false, false, true>(args, maps, &a_residues);
 }
 
-// The same kernels for a column-major B read by residue of its columns (TmaMaps::b_by_residue), with A by residue of
-// its lines (kAResidues, a_residues) or read with maps.a.
-template <bool kARowMajor, bool kAResidues, bool kReadBack, bool kOddWidth>
+// The same kernels for B read by residue of its lines (TmaMaps::b_by_residue: columns where B is column-major, k where
+// it is row-major), with A by residue of its lines (kAResidues, a_residues) or read with maps.a. (kAResidues last, so
+// that the arguments before it are those of the A-by-residue kernels.)
+template <bool kARowMajor, bool kBRowMajor, bool kReadBack, bool kOddWidth, bool kAResidues>
 __global__ void __maxnreg__(255)
     corrected_gemm_sm90_kernel_b_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
                                             const __grid_constant__ ResidueMaps a_residues,
                                             const __grid_constant__ ResidueMaps b_residues) {
-  corrected_gemm_sm90<Method::fp16, kARowMajor, false, true, kReadBack, false, kOddWidth, kAResidues, true>(
+  corrected_gemm_sm90<Method::fp16, kARowMajor, kBRowMajor, true, kReadBack, false, kOddWidth, kAResidues, true>(
       args, maps, &a_residues, &b_residues);
 }
 
-template <bool kARowMajor, bool kAResidues>
+template <bool kARowMajor, bool kBRowMajor, bool kAResidues>
 __global__ void __maxnreg__(255)
     corrected_gemm_sm90_tf32_kernel_b_by_residue(GemmArgs args, const __grid_constant__ TmaMaps maps,
                                                  const __grid_constant__ ResidueMaps a_residues,
                                                  const __grid_constant__ ResidueMaps b_residues) {
-  corrected_gemm_sm90<Method::tf32, kARowMajor, false, true, false, false, false, kAResidues, true>(
+  corrected_gemm_sm90<Method::tf32, kARowMajor, kBRowMajor, true, false, false, false, kAResidues, true>(
       args, maps, &a_residues, &b_residues);
 }
 

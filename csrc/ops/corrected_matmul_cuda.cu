@@ -698,15 +698,21 @@ bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
          !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
 }
 
-// The same for a column-major B (the W.t() of x @ W.t() with an odd K, or a view with a storage offset), read in place
-// by residue of its columns (TmaMaps::b_by_residue), unless TORCH_WMMAE_B_BY_RESIDUE=0 keeps the copy or the cp.async
-// stages (the outputs are the same bits). A row-major B whose rows TMA cannot read (an odd N) is still copied. The copy
-// costs B's size in memory; by residue, the split reads B a float at a time and each stage 40 floats of a column for 32.
+// The same for B (TmaMaps::b_by_residue): column-major (the W.t() of x @ W.t() with an odd K, or a view with a storage
+// offset) read in place by residue of its columns, row-major (the W of grad @ W, the x of grad.t() @ x, with an odd
+// width N) by residue of its k, unless TORCH_WMMAE_B_BY_RESIDUE=0 keeps the copy or the cp.async stages (the outputs
+// are the same bits). The copy costs B's size in memory; by residue, the split reads B a float at a time, and each
+// stage 40 floats of a column for 32 (column-major) or 136 of a row for 128 (row-major).
 // H200, session 104, us per call back to back, auto, x @ W.t() with both unaligned, by residue / B copied / K rounded
 // up to a multiple of 4: 16384 x 1024 x 1023 348 / 304 / 280, 2048^2 x 2047 175 / 156 / 136, 4096^2 x 4097 1189 /
 // 1169 / 1020, 8192^2 x 8191 9634 / 8691 / 7950; read once, by residue / cp.async: 128 x 8192 x 4097 129 / 199.
+// Row-major, H200, session 105, by residue / B copied: grad @ W 2048 x 1023 x 1024 50.9 / 51.2, 8192 x 4095 x 4096
+// 2107 / 2042; grad.t() @ x 1024 x 1023 x 2048 53.5 / 62.6, 4096 x 4095 x 8192 2093 / 2203; read once, by residue /
+// cp.async: 128 x 4097 x 4096 82.1 / 107.
 bool b_by_residue_applies(const GemmArgs& args, bool b_row) {
-  return !b_row && args.num_batches == 1 && args.n >= sm90::kLineResidues && !env_is("TORCH_WMMAE_B_BY_RESIDUE", "0");
+  // (With fewer lines a residue would have none, and no map: encode_fp32_residue_maps.)
+  return args.num_batches == 1 && (b_row ? args.k : args.n) >= sm90::kLineResidues &&
+         !env_is("TORCH_WMMAE_B_BY_RESIDUE", "0");
 }
 
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
@@ -730,8 +736,8 @@ bool tma_copies_pay(const GemmArgs& args, const TmaReadable& readable, bool a_by
 // Encodes the maps of the operands TMA can read in place (see TmaReadable) into *maps; with a_by_residue (not null), an
 // A that one map cannot read (a line stride or start that is not a multiple of 16 bytes) by residue of its lines
 // instead (rows where A is row-major, k where it is column-major), into *a_by_residue, where those maps encode
-// (TmaMaps::a_by_residue); with b_by_residue (not null), a column-major B so by residue of its columns
-// (TmaMaps::b_by_residue).
+// (TmaMaps::a_by_residue); with b_by_residue (not null), B so by residue of its lines (columns where B is
+// column-major, k where it is row-major: TmaMaps::b_by_residue).
 template <bool kARowMajor, bool kBRowMajor>
 TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::ResidueMaps* a_by_residue,
                              sm90::ResidueMaps* b_by_residue) {
@@ -765,13 +771,12 @@ TmaReadable tma_operand_maps(const GemmArgs& args, sm90::TmaMaps* maps, sm90::Re
                                          kBRowMajor ? args.k : args.n, b_line_stride, args.num_batches, b_bs,
                                          Cfg::B::kOuter);
   maps->b_by_residue = false;
-  if constexpr (!kBRowMajor) {
-    if (!b && b_by_residue != nullptr && b_inner_stride == 1) {
-      using BTile = typename sm90::Config<kARowMajor, false, true, Method::fp16, false, true>::B;
-      b = maps->b_by_residue =
-          sm90::encode_fp32_residue_maps(b_by_residue->maps, b_by_residue->shift, &maps->b_batched, args.b, args.k,
-                                         args.n, b_line_stride, args.num_batches, b_bs, BTile::kLd, BTile::kBoxLines);
-    }
+  if (!b && b_by_residue != nullptr && b_inner_stride == 1) {
+    using BTile = typename sm90::Config<kARowMajor, kBRowMajor, true, Method::fp16, false, true>::B;
+    b = maps->b_by_residue =
+        sm90::encode_fp32_residue_maps(b_by_residue->maps, b_by_residue->shift, &maps->b_batched, args.b,
+                                       kBRowMajor ? args.n : args.k, kBRowMajor ? args.k : args.n, b_line_stride,
+                                       args.num_batches, b_bs, BTile::kLd, BTile::kBoxLines);
   }
   return {a, b};
 }
@@ -947,21 +952,21 @@ bool launch_resident_prepass(GemmArgs& args, const LinesArgs& a, const LinesArgs
 // pieces, this kernel takes them whole), in one wave's batch slots for auto (see tf32_exit_grid).
 template <Method M, bool kARowMajor, bool kBRowMajor, bool kTma>
 void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaunch& launch) {
-  // (A or B by residue: in TMA stages only, never beside the resident pre-pass; B column-major only.)
+  // (A or B by residue: in TMA stages only, never beside the resident pre-pass.)
   [[maybe_unused]] const bool a_by_residue = kTma && maps.a_by_residue;
-  [[maybe_unused]] const bool b_by_residue = kTma && !kBRowMajor && maps.b_by_residue;
+  [[maybe_unused]] const bool b_by_residue = kTma && maps.b_by_residue;
   if constexpr (M == Method::tf32) {
     GemmArgs tf32_args = args;
     tf32_args.stream_k_blocks = 0;
     GemmLaunch tf32_launch = launch;
     if (args.method == Method::automatic) tf32_launch.grid = tf32_exit_grid(launch.grid, 1, launch.sm_count);
     constexpr std::size_t kSmem = sm90::Config<kARowMajor, kBRowMajor, kTma, Method::tf32>::kSmemBytes;
-    if constexpr (kTma && !kBRowMajor) {
+    if constexpr (kTma) {
       if (b_by_residue) {
         with_flag(a_by_residue, [&](auto a_residues) {
           constexpr bool kAResidues = decltype(a_residues)::value;
-          launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_b_by_residue<kARowMajor, kAResidues>>(
-              sm90::Config<kARowMajor, false, true, Method::tf32, kAResidues, true>::kSmemBytes, tf32_launch,
+          launch_with_smem<sm90::corrected_gemm_sm90_tf32_kernel_b_by_residue<kARowMajor, kBRowMajor, kAResidues>>(
+              sm90::Config<kARowMajor, kBRowMajor, true, Method::tf32, kAResidues, true>::kSmemBytes, tf32_launch,
               tf32_args, maps, *launch.a_residue_maps, *launch.b_residue_maps);
         });
         return;
@@ -1008,13 +1013,13 @@ void launch_sm90(const GemmArgs& args, const sm90::TmaMaps& maps, const GemmLaun
     const bool staged = kTma && staged_flush_applies(args);
     with_flags(sm90_read_back(args), staged, [&](auto read_back, auto odd_width) {
       constexpr bool kReadBack = decltype(read_back)::value, kOddWidth = decltype(odd_width)::value;
-      if constexpr (kTma && !kBRowMajor) {
+      if constexpr (kTma) {
         if (b_by_residue) {
           with_flag(a_by_residue, [&](auto a_residues) {
             constexpr bool kAResidues = decltype(a_residues)::value;
-            launch_with_smem<
-                sm90::corrected_gemm_sm90_kernel_b_by_residue<kARowMajor, kAResidues, kReadBack, kOddWidth>>(
-                sm90::Config<kARowMajor, false, true, Method::fp16, kAResidues, true>::kSmemBytes, fp16_launch,
+            launch_with_smem<sm90::corrected_gemm_sm90_kernel_b_by_residue<kARowMajor, kBRowMajor, kReadBack,
+                                                                           kOddWidth, kAResidues>>(
+                sm90::Config<kARowMajor, kBRowMajor, true, Method::fp16, kAResidues, true>::kSmemBytes, fp16_launch,
                 fp16_args, maps, *launch.a_residue_maps, *launch.b_residue_maps);
           });
           return;
