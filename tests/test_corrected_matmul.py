@@ -1393,16 +1393,18 @@ def test_split_k_shapes(method, monkeypatch):
 
 def _call_and_extra_bytes(call):
     """call()'s output and the peak memory it allocated besides that output, in bytes (the call's temporaries): the
-    peak less what stays allocated after the call, the output's block, which the caching allocator may have taken
-    whole from a larger free one (it splits a block of over 1 MiB only where more than 1 MiB would remain)."""
+    peak less what stays allocated after the call, both in bytes requested from the caching allocator. (Not in its
+    blocks' sizes: it hands out a free block whole where less than 1 MiB of it would remain, so a 3 MiB output took
+    a 4 MiB block and a 16.8 MB copy a 17.8 MB one, depending on what earlier calls left free.)"""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
+    before = torch.cuda.memory_stats()["requested_bytes.all.current"]
     out = call()
     torch.cuda.synchronize()
-    after = torch.cuda.memory_allocated()
+    stats = torch.cuda.memory_stats()
+    after = stats["requested_bytes.all.current"]
     assert after - before >= out.numel() * out.element_size(), "the output stays allocated, the temporaries do not"
-    return out, torch.cuda.max_memory_allocated() - after
+    return out, stats["requested_bytes.all.peak"] - after
 
 
 def _extra_bytes_by_setting(monkeypatch, settings: dict, call):
@@ -1497,6 +1499,36 @@ def test_extra_memory_of_x_at_w_t_with_an_odd_k(monkeypatch, method):
     assert padded(m) + padded(n) <= extra["both_copied"] <= padded(m) + padded(n) + 0.03 * x_bytes, (extra, x_bytes)
     assert torch.equal(outs["by_residue"], outs["both_copied"]) and torch.equal(outs["w_copied"], outs["both_copied"])
     ref = torch.matmul(x[:64].double(), w.t().double())
+    assert rel_err(outs["by_residue"][:64], ref) < 1e-6
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("product", ["grad_at_w", "grad_t_at_x"])
+def test_extra_memory_of_a_backward_pass_with_an_odd_width(monkeypatch, method, product):
+    """The backward pass of a linear layer with an odd in_features (1023): grad_x = grad @ W and grad_W = grad.t() @ x
+    take a row-major B (W, x) whose rows of 1023 floats are not 16-byte aligned, so one TMA map cannot read it. H100
+    and H200 read it by residue of its k, within the 3% bound of test_extra_memory_is_a_few_percent_of_a; with
+    TORCH_WMMAE_B_BY_RESIDUE=0 they copy it into rows padded to 16 bytes. Both give the same bits (deterministic mode:
+    no split-K)."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    tokens, in_features, out_features = 2048, 1023, 1024
+    gen = torch.Generator(device="cuda").manual_seed(1023)
+    x = torch.randn(tokens, in_features, device="cuda", generator=gen)
+    w = torch.randn(out_features, in_features, device="cuda", generator=gen)
+    grad = torch.randn(tokens, out_features, device="cuda", generator=gen)
+    a, b = (grad, w) if product == "grad_at_w" else (grad.t(), x)
+    a_bytes = a.numel() * 4
+    b_padded = b.shape[0] * ((in_features + 3) // 4 * 4) * 4  # (B's rows padded to 16 bytes)
+    outs, extra = _extra_bytes_by_setting(
+        monkeypatch, {"by_residue": {}, "b_copied": {"TORCH_WMMAE_B_BY_RESIDUE": "0"}},
+        lambda: corrected_matmul(a, b, method=method))
+    assert extra["by_residue"] <= 0.03 * a_bytes, (extra, a_bytes)
+    assert b_padded <= extra["b_copied"] <= b_padded + 0.03 * a_bytes, (extra, a_bytes)
+    assert torch.equal(outs["by_residue"], outs["b_copied"])
+    ref = torch.matmul(a[:64].double(), b.double())
     assert rel_err(outs["by_residue"][:64], ref) < 1e-6
 
 
