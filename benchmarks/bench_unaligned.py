@@ -2,7 +2,7 @@
 
 TMA reads an operand in place only where its start and line strides are multiples of 16 bytes; an odd K or N, or a
 storage offset, breaks that. corrected_matmul then chooses between the small GEMM, the tile GEMMs reading copies
-that TMA can read or (without a batch) reading A, or a column-major B, in place by residue of its lines, and (for an
+that TMA can read or (without a batch) reading A or B in place by residue of its lines, and (for an
 odd N, whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width instantiation, which stages its output rows
 through shared memory (README, Performance). Each row times the default
 and the paths that its environment switches force, in one process (the switches are read at every call), rounds
@@ -29,7 +29,8 @@ from common import header, inputs_for_rotation, loop_ms, write_results
 # instantiation; odd K (A's lines unaligned: read by residue) and an odd K and N; A one float past 16 bytes; an
 # aligned control. Then other layouts (the last field): A = X.t() with an odd M (a backward pass's grad.t() @ x: A by
 # residue of its k), and x @ W.t() with an odd K (both operands by residue: A's rows, B's columns), also with W read
-# once (M = 128).
+# once (M = 128). Last, the backward pass of a linear layer with an odd in_features: grad @ W and grad.t() @ x (a
+# row-major B of odd width: by residue of its k).
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
@@ -39,7 +40,9 @@ SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0)
           (1, 128, 4097, 4096, 0), (1, 4096, 4096, 64, 0),
           (1, 1023, 1024, 16384, 0, "a_col"), (1, 2047, 2048, 2048, 0, "a_col"), (1, 4097, 4096, 4096, 0, "a_col"),
           (1, 16384, 1024, 1023, 0, "x_w_t"), (1, 2048, 2048, 2047, 0, "x_w_t"), (1, 4096, 4096, 4097, 0, "x_w_t"),
-          (1, 128, 8192, 4097, 0, "x_w_t")]
+          (1, 128, 8192, 4097, 0, "x_w_t"),
+          (1, 2048, 1023, 1024, 0), (1, 8192, 4095, 4096, 0), (1, 1024, 1023, 2048, 0, "a_col"),
+          (1, 4096, 4095, 8192, 0, "a_col")]
 # A's and B's layouts: row-major both, A column-major (X.t()), B column-major (W.t()).
 LAYOUTS = ("row", "a_col", "x_w_t")
 # The paths: the default, the tile GEMMs (never the small GEMM) with their odd-width staging and with element-by-element
