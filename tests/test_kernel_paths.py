@@ -892,7 +892,7 @@ def test_corrected_matmul_b_by_residue(gen, monkeypatch, case):
 STAGED_FLUSH_SWITCH = "TORCH_WMMAE_STAGED_FLUSH"
 # The wgmma fp16 GEMM's odd-width instantiations (kOddWidth: the last template argument; kReadBack, the one before
 # the resident pre-pass's, plain or reading back), which stage their rows.
-# (And those that read A or B by residue: A row-major, B row-major or A by residue, kReadBack, kOddWidth.)
+# (And those that read A or B by residue: A row-major, B row-major, kReadBack, kOddWidth, and for B then A by residue.)
 ODD_WIDTH_KERNEL = re.compile(r"corrected_gemm_sm90_kernel_[ab]_by_residue<(true|false), (true|false), (true|false), "
                               r"true[,>]|"
                               r"corrected_gemm_sm90_kernel<(true|false), (true|false), true, (true|false), false, "

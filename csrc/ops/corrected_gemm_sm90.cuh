@@ -776,14 +776,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
       const int slot = slot_of(kt);
       const std::uint32_t full = smem_address(stage_full) + slot * sizeof(std::uint64_t);
       mbarrier_arrive_expect_tx(full, box_bytes);
-      // (map j's line i is k-line 4 i + j)
-      if constexpr (kAKResidues && kBKResidues) {
-        k0 /= 4;
-      } else if constexpr (kAKResidues) {
-        if (box_of_a) k0 /= 4;
-      } else if constexpr (kBKResidues) {
-        if (!box_of_a) k0 /= 4;
-      }
+      if (box_of_a ? kAKResidues : kBKResidues) k0 /= 4;  // (k-lines by residue: map j's line i is k-line 4 i + j)
       tma_load_3d(box_dst + slot * box_slot_bytes, box_map, full, box_k_inner ? k0 : line, box_k_inner ? line : k0,
                   batch_z);
     };

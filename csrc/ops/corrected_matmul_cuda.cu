@@ -680,6 +680,12 @@ struct TmaReadable {
   bool a, b;
 };
 
+// Whether an operand of `lines` lines (rows or columns, by its layout) may be read by residue of them: one batch entry,
+// at least 4 lines (with fewer a residue would have none, and no map: encode_fp32_residue_maps), and its switch not 0.
+bool operand_by_residue_applies(const GemmArgs& args, std::int64_t lines, const char* switch_name) {
+  return args.num_batches == 1 && lines >= sm90::kLineResidues && !env_is(switch_name, "0");
+}
+
 // Where the tile GEMMs would read a copy of an A that one TMA map cannot read (tma_copies_apply), or copy its stages
 // with cp.async because the copy would not pay (tma_copies_pay), they read it in place by residue of its lines instead
 // (rows where A is row-major, k where it is column-major: TmaMaps::a_by_residue; encode_fp32_residue_maps): calls
@@ -693,9 +699,7 @@ struct TmaReadable {
 // / 361 / 201. Column-major (session 103, A = X.t(), by residue / copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x
 // 4096 1031 / 1060, but 8191 x 8192 x 8192 8764 / 8238; read once, by residue / cp.async: 8193 x 128 x 4096 118 / 169.
 bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
-  // (With fewer lines a residue would have none, and no map: encode_fp32_residue_maps.)
-  return args.num_batches == 1 && (a_row ? args.m : args.k) >= sm90::kLineResidues &&
-         !env_is("TORCH_WMMAE_A_BY_RESIDUE", "0");
+  return operand_by_residue_applies(args, a_row ? args.m : args.k, "TORCH_WMMAE_A_BY_RESIDUE");
 }
 
 // The same for B (TmaMaps::b_by_residue): column-major (the W.t() of x @ W.t() with an odd K, or a view with a storage
@@ -710,9 +714,7 @@ bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
 // 2107 / 2042; grad.t() @ x 1024 x 1023 x 2048 53.5 / 62.6, 4096 x 4095 x 8192 2093 / 2203; read once, by residue /
 // cp.async: 128 x 4097 x 4096 82.1 / 107.
 bool b_by_residue_applies(const GemmArgs& args, bool b_row) {
-  // (With fewer lines a residue would have none, and no map: encode_fp32_residue_maps.)
-  return args.num_batches == 1 && (b_row ? args.k : args.n) >= sm90::kLineResidues &&
-         !env_is("TORCH_WMMAE_B_BY_RESIDUE", "0");
+  return operand_by_residue_applies(args, b_row ? args.k : args.n, "TORCH_WMMAE_B_BY_RESIDUE");
 }
 
 // Whether copying the operands that TMA cannot read in place (tma_readable_copy, where tma_copies_apply) pays: not
