@@ -1532,6 +1532,31 @@ def test_extra_memory_of_a_backward_pass_with_an_odd_width(monkeypatch, method, 
     assert rel_err(outs["by_residue"][:64], ref) < 1e-6
 
 
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_extra_memory_of_a_batched_operand_by_residue(monkeypatch, method):
+    """A batched A with an odd K (rows of 1023 floats) whose batch stride is a multiple of 4 floats (512 rows): every
+    batch entry's rows sit at the same residues of 16 bytes, so H100 and H200 read it by residue of its rows with
+    batched maps, within the 3% bound of test_extra_memory_is_a_few_percent_of_a; TORCH_WMMAE_A_BY_RESIDUE=0 copies
+    it into rows padded to 16 bytes. Both give the same bits (deterministic mode: no split-K)."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    batch, m, k, n = 4, 512, 1023, 512
+    gen = torch.Generator(device="cuda").manual_seed(1023)
+    a = torch.randn(batch, m, k, device="cuda", generator=gen)
+    b = torch.randn(batch, k, n, device="cuda", generator=gen)
+    a_bytes, padded_bytes = a.numel() * 4, batch * m * ((k + 3) // 4 * 4) * 4
+    outs, extra = _extra_bytes_by_setting(
+        monkeypatch, {"by_residue": {}, "copied": {"TORCH_WMMAE_A_BY_RESIDUE": "0"}},
+        lambda: corrected_matmul(a, b, method=method))
+    assert extra["by_residue"] <= 0.03 * a_bytes, (extra, a_bytes)
+    assert padded_bytes <= extra["copied"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
+    assert torch.equal(outs["by_residue"], outs["copied"])
+    ref = torch.matmul(a[:, :64].double(), b.double())
+    assert rel_err(outs["by_residue"][:, :64], ref) < 1e-6
+
+
 def _k_per_split(k, splits):
     """K elements per split (matmul_plan.cpp's k_per_split): whole 32-k stages."""
     return (-(-k // splits) + 31) // 32 * 32

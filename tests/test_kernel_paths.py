@@ -591,7 +591,8 @@ GEMM_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel(_[ab]_by_residue)?
 # (a, b) as (shape, line stride, storage offset, column-major), the method, and the product's GEMM: "folds" (K <=
 # 128, few tiles: one kernel, tile_line_ranges_apply), "prepass" (a pre-pass first; K > 128) or "cp_async" (no
 # copies: a batch of two dimensions, or an operand of at least 8 MiB that one line of output tiles reads,
-# tma_copies_pay, except an operand without a batch, which TMA reads by residue of its lines). Odd K and N (lines of
+# tma_copies_pay, except an operand whose batch entries share their lines' residues, which TMA reads by residue of its
+# lines: operand_by_residue_applies). Odd K and N (lines of
 # 33, 133, 301, 1001 and 8193 floats), storage offsets, column-major operands, a batch with an operand broadcast
 # (copied once), and the tf32 method.
 TMA_COPY_CASES = {
@@ -603,7 +604,7 @@ TMA_COPY_CASES = {
     "both_odd_k1001": (((130, 1001), 1001, 0, False), ((1001, 133), 133, 0, False), "auto", "prepass"),
     "tf32_b_odd": (((130, 200), 200, 0, False), ((200, 133), 133, 0, False), "tf32", "prepass"),
     "two_batch_dims_odd": (((2, 1, 130, 72), 72, 0, False), ((3, 72, 133), 133, 0, False), "fp16", "cp_async"),
-    "b_9mb_read_once_batched": (((2, 128, 300), 300, 0, False), ((2, 300, 8193), 8193, 0, False), "fp16",
+    "b_9mb_read_once_batched": (((2, 128, 301), 301, 0, False), ((2, 301, 8193), 8193, 0, False), "fp16",
                                 "cp_async"),
     "b_9mb_read_once_by_residue": (((128, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
     "b_9mb_read_twice": (((129, 300), 300, 0, False), ((300, 8193), 8193, 0, False), "fp16", "prepass"),
@@ -665,8 +666,8 @@ def _by_residue_calls(gen, monkeypatch, c: ByResidueCase, switch: str, what: str
     a = _strided_matrix(gen, *c.a[:-1], col_major=c.a[-1])
     b = _strided_matrix(gen, *c.b[:-1], col_major=c.b[-1])
     if c.wide_row:
-        a[5, ::2] *= 2.0 ** -40
-        a[5, 1::2] *= 2.0 ** 40
+        a[..., 5, ::2] *= 2.0 ** -40
+        a[..., 5, 1::2] *= 2.0 ** 40
     if c.inf_row:
         a[7, a.shape[1] // 2] = float("inf")
     if c.inf_col:
@@ -689,7 +690,9 @@ def _by_residue_calls(gen, monkeypatch, c: ByResidueCase, switch: str, what: str
 # column-major with odd K (copied: x @ W^T), or of odd width (copied, and the output staged); chunks of 1024 read
 # back; split-K and stream-K; an Inf; the tf32 method and auto's tf32 tiles. Column-major A (the a.t() of a backward
 # pass) whose columns TMA cannot read as one map, by residue of its k: the same kinds of cases ("a_col_"), with M = 1
-# and every residue of M and of the offset, K = 4 (one k of each residue) and K = 3 (copied).
+# and every residue of M and of the offset, K = 4 (one k of each residue) and K = 3 (copied). Batched: A's batch stride
+# a multiple of 4 floats (every entry's rows at the same residues: by residue, with B batched or broadcast, folding
+# or not, column-major too), or not (copied).
 BY_RESIDUE_CASES = {
     "k33_folds_auto": ByResidueCase(((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", folds=True),
     "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 127, 1, False), ((127, 200), 200, 0, False), "fp16",
@@ -740,6 +743,14 @@ BY_RESIDUE_CASES = {
                                    deterministic=False, atomics_in_any_order=True),
     "a_col_stream_k": ByResidueCase(((200, 3001), 201, 0, True), ((3001, 301), 301, 0, False), "fp16",
                                     env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
+    "batched_k1001_fp16": ByResidueCase(((2, 300, 1001), 1001, 0, False), ((2, 1001, 136), 136, 0, False), "fp16"),
+    "batched_broadcast_b_auto_tf32_tiles": ByResidueCase(((2, 300, 1001), 1001, 0, False), ((1001, 136), 136, 0, False),
+                                                         "auto", wide_row=True),
+    "batched_offset_1_folds": ByResidueCase(((3, 128, 64), 64, 1, False), ((3, 64, 128), 128, 0, False), "auto",
+                                            folds=True),
+    "batched_stride_odd_copied": ByResidueCase(((2, 301, 1001), 1001, 0, False), ((2, 1001, 136), 136, 0, False),
+                                               "fp16", by_residue=False),
+    "a_col_batched": ByResidueCase(((2, 300, 1000), 301, 0, True), ((2, 1000, 136), 136, 0, False), "fp16"),
 }
 
 
@@ -782,7 +793,8 @@ TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_res
 # auto's tf32 tiles; a B of 9 MiB read once (M <= 128), which without residues keeps cp.async stages. Row-major B (the W
 # of grad @ W, the x of grad.t() @ x) whose rows TMA cannot read as one map (an odd width, a row stride that is not a
 # multiple of 4, a storage offset), by residue of its k: the same kinds of cases ("b_row_"), with K = 4 (one k of each
-# residue) and K = 3 (copied), and an even width of unaligned rows.
+# residue) and K = 3 (copied), and an even width of unaligned rows. Batched, in either layout, with a batch stride of a
+# multiple of 4 floats (by residue, A too) or not (copied).
 B_BY_RESIDUE_CASES = {
     "k33_folds_auto": ByResidueCase(((300, 33), 36, 0, False), ((33, 136), 33, 0, True), "auto", folds=True),
     "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 128, 0, False), ((127, 200), 128, 1, True), "fp16",
@@ -861,6 +873,14 @@ B_BY_RESIDUE_CASES = {
     "b_row_stream_k": ByResidueCase(((200, 3001), 3004, 0, False), ((3001, 301), 301, 0, False), "fp16",
                                     env={"TORCH_WMMAE_STREAM_K": "1"}, deterministic=False, atomics_in_any_order=True),
     "b_row_read_once_9mb": ByResidueCase(((128, 4097), 4100, 0, False), ((4097, 601), 601, 0, False), "auto"),
+    "b_row_batched": ByResidueCase(((2, 130, 1000), 1000, 0, False), ((2, 1000, 133), 133, 0, False), "fp16"),
+    "b_row_batched_auto_tf32_tiles": ByResidueCase(((2, 300, 1000), 1000, 0, False), ((2, 1000, 133), 133, 0, False),
+                                                   "auto", wide_row=True),
+    "b_row_batched_stride_odd_copied": ByResidueCase(((2, 130, 1001), 1004, 0, False), ((2, 1001, 133), 133, 0, False),
+                                                     "fp16", by_residue=False),
+    "b_col_batched": ByResidueCase(((2, 130, 1001), 1004, 0, False), ((2, 1001, 136), 1001, 0, True), "auto"),
+    "both_batched_by_residue": ByResidueCase(((2, 300, 333), 333, 0, False), ((2, 333, 136), 333, 0, True), "auto",
+                                             a_by_residue=True),
 }
 
 
