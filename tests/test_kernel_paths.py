@@ -1842,6 +1842,11 @@ SMALL_GEMM_CASES = {
     # but for outputs of 32 rows or columns (taken; not 64)
     "k50_a_lines_unaligned_1024x1024": (((1, 1024, 50), 50, 0, False), ((1, 50, 1024), 1024, 0, False), False),
     "k64_b_lines_unaligned_300x301": (((300, 64), 64, 0, False), ((64, 301), 301, 0, False), "no_tma"),
+    # (from 2^19 outputs, an odd width whose B the tile GEMMs read by residue, A in place: not taken; A by residue too,
+    # or B's batch entries at other residues: taken)
+    "k64_b_lines_odd_769x769": (((769, 64), 64, 0, False), ((64, 769), 769, 0, False), False),
+    "k63_a_and_b_lines_odd_769x769": (((769, 63), 63, 0, False), ((63, 769), 769, 0, False), "no_tma"),
+    "k65_b_lines_odd_batched_2x513x513": (((2, 513, 65), 68, 0, False), ((2, 65, 513), 513, 0, False), "no_tma"),
     "k128_a_offset_2x512x512": (((2, 512, 128), 128, 1, False), ((2, 128, 512), 512, 0, False), False),
     "k64_two_batch_dims_300x300": (((2, 1, 300, 64), 64, 0, False), ((3, 64, 300), 300, 0, False), "no_tma"),
     "k63_a_lines_unaligned_4096x32": (((4096, 63), 63, 0, False), ((63, 32), 32, 0, False), "no_tma"),
