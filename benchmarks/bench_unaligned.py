@@ -2,13 +2,13 @@
 
 TMA reads an operand in place only where its start and line strides are multiples of 16 bytes; an odd K or N, or a
 storage offset, breaks that. corrected_matmul then chooses between the small GEMM, the tile GEMMs reading copies
-that TMA can read or (without a batch) reading A or B in place by residue of its lines, and (for an
-odd N, whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width instantiation, which stages its output rows
-through shared memory (README, Performance). Each row times the default
-and the paths that its environment switches force, in one process (the switches are read at every call), rounds
-rotated; each time is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead).
-Inputs are U(-1, 1) and rotate as in the main benchmark (common.inputs_for_rotation). Writes
-benchmarks/results/unaligned.json and .md (or --out).
+that TMA can read or reading A or B in place by residue of its lines (where its batch entries, if any, share those
+residues), and (for an odd N, whose output rows are not 8-byte aligned) the fp16 GEMM's odd-width instantiation,
+which stages its output rows through shared memory (README, Performance). Each row times the default and the paths
+that its environment switches force, in one process (the switches are read at every call), rounds rotated; each time
+is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead). Inputs are U(-1, 1) and
+rotate as in the main benchmark (common.inputs_for_rotation). Writes benchmarks/results/unaligned.json and .md (or
+--out).
 """
 from __future__ import annotations
 
@@ -29,8 +29,11 @@ from common import header, inputs_for_rotation, loop_ms, write_results
 # instantiation; odd K (A's lines unaligned: read by residue) and an odd K and N; A one float past 16 bytes; an
 # aligned control. Then other layouts (the last field): A = X.t() with an odd M (a backward pass's grad.t() @ x: A by
 # residue of its k), and x @ W.t() with an odd K (both operands by residue: A's rows, B's columns), also with W read
-# once (M = 128). Last, the backward pass of a linear layer with an odd in_features: grad @ W and grad.t() @ x (a
-# row-major B of odd width: by residue of its k).
+# once (M = 128). Then the backward pass of a linear layer with an odd in_features: grad @ W and grad.t() @ x (a
+# row-major B of odd width: by residue of its k). Then batched operands whose batch stride is a multiple of 4 floats
+# (every entry's lines at the same residues: by residue, with batched maps): an odd K (A by residue), an odd N (B by
+# residue), and x @ W.t() per batch entry. Last, odd widths of 2^19 to 2^20 outputs at K <= 128, which leave the small
+# GEMM for the tile GEMMs where those read B by residue and A in place, and one below 2^19.
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
@@ -42,22 +45,27 @@ SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0)
           (1, 16384, 1024, 1023, 0, "x_w_t"), (1, 2048, 2048, 2047, 0, "x_w_t"), (1, 4096, 4096, 4097, 0, "x_w_t"),
           (1, 128, 8192, 4097, 0, "x_w_t"),
           (1, 2048, 1023, 1024, 0), (1, 8192, 4095, 4096, 0), (1, 1024, 1023, 2048, 0, "a_col"),
-          (1, 4096, 4095, 8192, 0, "a_col")]
+          (1, 4096, 4095, 8192, 0, "a_col"),
+          (8, 1024, 1024, 1023, 0), (4, 2048, 2047, 2048, 0), (8, 1024, 1024, 1023, 0, "x_w_t"),
+          (1, 1023, 1023, 64, 0), (1, 2049, 511, 96, 0), (1, 513, 1023, 128, 0),
+          (1, 513, 513, 64, 0)]
 # A's and B's layouts: row-major both, A column-major (X.t()), B column-major (W.t()).
 LAYOUTS = ("row", "a_col", "x_w_t")
-# The paths: the default, the tile GEMMs (never the small GEMM) with their odd-width staging and with element-by-element
-# stores, the tile GEMMs reading a copy of A or of B where they would read it by residue, and the tile GEMMs without
-# the copies (cp.async stages).
+# The paths: the default, the small GEMM wherever it can run (K <= 128, SMALL_GEMM_MAX_K), the tile GEMMs (never the
+# small GEMM) with their odd-width staging and with element-by-element stores, the tile GEMMs reading a copy of A or of
+# B where they would read it by residue, and the tile GEMMs without the copies (cp.async stages).
 SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_A_BY_RESIDUE",
             "TORCH_WMMAE_B_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES")
 VARIANTS = {
     "default_us": {},
+    "small_gemm_us": {"TORCH_WMMAE_SMALL_GEMM": "1"},
     "tile_staged_us": {"TORCH_WMMAE_SMALL_GEMM": "0"},
     "tile_element_stores_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_STAGED_FLUSH": "0"},
     "tile_a_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_A_BY_RESIDUE": "0"},
     "tile_b_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_B_BY_RESIDUE": "0"},
     "tile_cp_async_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_TMA_COPIES": "0"},
 }
+SMALL_GEMM_MAX_K = 128  # corrected_gemm_small.cuh's kSmallMaxK: beyond it TORCH_WMMAE_SMALL_GEMM=1 runs the tile GEMMs
 COLUMNS = ["batch", "m", "n", "k", "a_offset", "layout", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
 
 
@@ -97,7 +105,7 @@ def main() -> None:
             a = [operand(pre + (m, k), offset, gen, transposed=layout == "a_col") for _ in range(sets)]
             b = [operand(pre + (k, n), 0, gen, transposed=layout == "x_w_t") for _ in range(sets)]
             calls = 40 if batch * m * n * k < 2**32 else 8
-            times = {name: [] for name in [*VARIANTS, "fp32_us"]}
+            times = {name: [] for name in [*VARIANTS, "fp32_us"] if name != "small_gemm_us" or k <= SMALL_GEMM_MAX_K}
             names = list(times)
             for rnd in range(args.rounds):
                 for name in names[rnd % len(names):] + names[:rnd % len(names)]:
@@ -113,7 +121,7 @@ def main() -> None:
             row["default_speedup_vs_fp32"] = row["fp32_us"] / row["default_us"]
             rows.append(row)
             print(f"{batch}x{m}x{n}x{k} A+{offset} {layout}: "
-                  + "  ".join(f"{c} {row[c]:.1f}" for c in [*VARIANTS, "fp32_us"]), flush=True)
+                  + "  ".join(f"{c} {t:.1f}" for c, t in row.items() if c in times), flush=True)
     finally:
         set_path({})
     write_results("unaligned", {**header(), "method": args.method, "rounds": args.rounds, "rows": rows}, COLUMNS,

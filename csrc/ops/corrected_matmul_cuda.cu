@@ -696,16 +696,17 @@ bool operand_by_residue_applies(const GemmArgs& args, std::int64_t lines, const 
 
 // Where the tile GEMMs would read a copy of an A that one TMA map cannot read (tma_copies_apply), or copy its stages
 // with cp.async because the copy would not pay (tma_copies_pay), they read it in place by residue of its lines instead
-// (rows where A is row-major, k where it is column-major: TmaMaps::a_by_residue; encode_fp32_residue_maps): calls
-// whose batch entries share their lines' residues and of at least 4 such lines (operand_by_residue_applies), unless
+// (rows where A is row-major, k where it is column-major: TmaMaps::a_by_residue; encode_fp32_residue_maps): calls whose
+// batch entries share their lines' residues and of at least 4 such lines (operand_by_residue_applies), unless
 // TORCH_WMMAE_A_BY_RESIDUE=0 keeps the copy or the cp.async stages (the outputs are the same bits). The copy costs A's
 // size in memory and its time; by residue, the kernel reads 36 floats of each row per stage and A's fragments a float
-// at a time. H200, session 102, us per call back to back, auto, by residue / copy / K rounded up to a multiple of 4: 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280,
-// 2048^2 x 2047 142 / 151 / 138, 4096^2 x 33 59.4 / 61.1 / 57.2; but 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360.
-// Read once (N <= 128), by residue / cp.async / torch fp32: 4096 x 128 x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023
-// 67.1 / 95.5 / 94.9, 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218
-// / 361 / 201. Column-major (session 103, A = X.t(), by residue / copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x
-// 4096 1031 / 1060, but 8191 x 8192 x 8192 8764 / 8238; read once, by residue / cp.async: 8193 x 128 x 4096 118 / 169.
+// at a time. H200, session 102, us per call back to back, auto, by residue / copy / K rounded up to a multiple of 4:
+// 16384 x 1024 x 1023 (x @ W^T) 304 / 337 / 280, 2048^2 x 2047 142 / 151 / 138, 4096^2 x 33 59.4 / 61.1 / 57.2; but
+// 8192^2 x 8191 8700-8950 / 8390-8530 / 8250-8360. Read once (N <= 128), by residue / cp.async / torch fp32: 4096 x 128
+// x 4097 65.4 / 94.1 / 100.1, 16384 x 128 x 1023 67.1 / 95.5 / 94.9, 8192 x 64 x 8191 210 / 361 / 196, 65536 x 128 x
+// 511 134.5 / 189.9 / 187.1, 32768 x 32 x 2047 218 / 361 / 201. Column-major (session 103, A = X.t(), by residue /
+// copy): 1023 x 1024 x 16384 292 / 337, 4097 x 4096 x 4096 1031 / 1060, but 8191 x 8192 x 8192 8764 / 8238; read once,
+// by residue / cp.async: 8193 x 128 x 4096 118 / 169.
 bool a_by_residue_applies(const GemmArgs& args, bool a_row) {
   return operand_by_residue_applies(args, a_row ? args.m : args.k, args.batch.a_stride, "TORCH_WMMAE_A_BY_RESIDUE");
 }
