@@ -1163,10 +1163,13 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // 16384 x 129 x 64 24.7 / 21.8, 32768 x 257 x 64 64.2 / 52.9, 4097^2 x 64 109.2 / 79.5, 8193^2 x 64 408 / 291; close
 // or lost: 8192 x 257 x 64 18.7 / 19.7, 1025^2 x 32 9.8 / 10.2, 8192 x 257 x 16 11.3 / 16.6).
 // Since session 105 the tile GEMMs read a row-major B of odd width by residue of its k instead of a copy, and from
-// kSmallOddWidthByResidueMinOutputs outputs they win those calls too, where A needs neither a copy nor residues (H200,
-// session 105, us per call back to back, auto, small GEMM / tile GEMMs reading B by residue: 769^2 x 64 10.42 / 9.28,
-// 1023^2 x 64 10.60 / 9.12, 769^2 x 128 15.76 / 11.89, 1023^2 x 32 9.16 / 7.80, 4096 x 255 x 64 10.63 / 9.30, 255 x
-// 4095 x 64 11.86 / 9.07, 2049 x 511 x 96 13.53 / 11.40; but 513^2 x 64 8.94 / 8.77, 257^2 x 64 7.82 / 8.94).
+// kSmallOddWidthByResidueMinOutputs outputs they win those calls too, where they read no copy: A in place, with one
+// map or by residue (H200, us per call back to back, auto, small GEMM / tile GEMMs: session 105, B by residue: 769^2 x
+// 64 10.42 / 9.28, 1023^2 x 64 10.60 / 9.12, 769^2 x 128 15.76 / 11.89, 1023^2 x 32 9.16 / 7.80, 4096 x 255 x 64 10.63
+// / 9.30, 255 x 4095 x 64 11.86 / 9.07, 2049 x 511 x 96 13.53 / 11.40; session 106, A by residue too: 769^2 x 63 12.73
+// / 9.70, 1023^2 x 63 12.87 / 9.67, 1023^2 x 33 12.17 / 9.41, 2049 x 511 x 95 15.50 / 12.47; batched B by residue: 2 x
+// 513^2 x 64 10.40 / 9.20, 2 x 723^2 x 64 12.29 / 9.84, 4 x 363^2 x 64 10.45 / 9.10; but below the bound 513^2 x 64
+// 8.94 / 8.77, 257^2 x 64 7.82 / 8.97).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
@@ -1176,9 +1179,9 @@ constexpr std::int64_t kSmallNarrowExtent = 32;
 constexpr std::int64_t kSmallOddWidthMaxK = 64;
 constexpr std::int64_t kSmallStagedOddWidthMaxN = 64;
 constexpr std::int64_t kSmallOddWidthByResidueMinOutputs = std::int64_t{1} << 19;
-template <class TmaReads, class ReadsCopies, class ReadsBByResidue>
+template <class TmaReads, class ReadsCopies, class ReadsInPlace>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads,
-                        ReadsCopies&& tile_gemms_read_copies, ReadsBByResidue&& tile_gemms_read_only_b_by_residue) {
+                        ReadsCopies&& tile_gemms_read_copies, ReadsInPlace&& tile_gemms_read_in_place) {
   if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
   const std::int64_t outputs = args.num_batches * args.m * args.n;
   if (env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
@@ -1191,7 +1194,7 @@ bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaRe
   const bool odd_width = args.n % 2 != 0, narrow = std::min(args.m, args.n) <= kSmallNarrowExtent;
   const bool small_wins =
       outputs <= kSmallUnreadCallOutputs
-          ? (odd_width && !(outputs >= kSmallOddWidthByResidueMinOutputs && tile_gemms_read_only_b_by_residue())) ||
+          ? (odd_width && !(outputs >= kSmallOddWidthByResidueMinOutputs && tile_gemms_read_in_place())) ||
                 narrow || !tile_gemms_read_copies()
           : narrow || (odd_width && args.k <= kSmallOddWidthMaxK &&
                        (args.n <= kSmallStagedOddWidthMaxN ||
@@ -1448,16 +1451,18 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     return false;
 #endif
   };
-  // Whether the tile GEMMs read B by residue of its lines and A in place, where they read copies otherwise.
-  const auto tile_gemms_read_only_b_by_residue = [&] {
+  // Whether the tile GEMMs, where they would read copies (tile_gemms_read_copies), read no copy: TMA reads each operand
+  // in place, with one map or by residue of its lines.
+  const auto tile_gemms_read_in_place = [&] {
 #ifdef WMMAE_HAS_SM90A
-    return tile_gemms_read_copies() && tma_readable->a && !tma_readable->b && b_by_residue_applies(args, b_row);
+    return tile_gemms_read_copies() && (tma_readable->a || a_by_residue_applies(args, a_row)) &&
+           (tma_readable->b || b_by_residue_applies(args, b_row));
 #else
     return false;
 #endif
   };
   // (One kernel: no workspace, no pre-pass.)
-  if (small_gemm_applies(args, kernels, tma_reads, tile_gemms_read_copies, tile_gemms_read_only_b_by_residue)) {
+  if (small_gemm_applies(args, kernels, tma_reads, tile_gemms_read_copies, tile_gemms_read_in_place)) {
     launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
     return out;
   }
