@@ -33,7 +33,7 @@ from common import header, inputs_for_rotation, loop_ms, write_results
 # row-major B of odd width: by residue of its k). Then batched operands whose batch stride is a multiple of 4 floats
 # (every entry's lines at the same residues: by residue, with batched maps): an odd K (A by residue), an odd N (B by
 # residue), and x @ W.t() per batch entry. Last, odd widths of 2^19 to 2^20 outputs at K <= 128, which leave the small
-# GEMM for the tile GEMMs where those read B by residue and A in place, and one below 2^19.
+# GEMM for the tile GEMMs where those read no copy (B by residue, A in place), and one below 2^19.
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
