@@ -138,12 +138,15 @@ using BKResidueStageTile = KResidueStageTile<kBlockN>;
 // k0 of the stage, unswizzled, in which the stage's 32 k start at column shift[j] < 4 of the box
 // (encode_fp32_residue_maps). As for column-major A by residue of its k, only B's readers follow: the split, the fold
 // of B's lines and the FMA tiles read each column at its line and shift, and the hi/lo tiles, the line scales and the
-// flush keep the tile's column order. The boxes' bases are 128-byte aligned (TMA), so their banks coincide, and the
-// split's 8 lanes of consecutive columns (two per box) meet bank conflicts: with lines of 40 floats (8 banks apart)
+// flush keep the tile's column order. The boxes' bases are 128-byte aligned (TMA), so their banks coincide, and a split
+// whose 8 lanes take consecutive columns (two per box) meets bank conflicts: with lines of 40 floats (8 banks apart)
 // 2-way where the four shifts differ (an odd column stride), 4-way where they are equal; with 36, 4- and 8-way (H200,
-// session 104, x @ W.t() with an odd K, us per call: 4096^2 x 4097 1252 -> 1185, 8192^2 x 8191 10070 -> 9650, 16384 x
-// 1024 x 1023 357 -> 348; read once, 128 x 8192 x 4097, 123 -> 131).
+// session 104, x @ W.t() with an odd K, us per call, 36 -> 40: 4096^2 x 4097 1252 -> 1185, 8192^2 x 8191 10070 ->
+// 9650, 16384 x 1024 x 1023 357 -> 348; read once, 128 x 8192 x 4097, 123 -> 131). The split takes its columns in an
+// order free of them (b_split_group).
 struct BResidueStageTile : ResidueLinesTile<kBlockN, kBlockK + 8> {
+  // (Columns 8 apart are 2 lines apart in their box.)
+  static constexpr int kColumnGroupBytes = sizeof(float) * 2 * kLd;
   __device__ static constexpr int line_of_column(int n) { return n % 4 * kBoxLines + n / 4; }
   // Offset in floats of element (n, k) of the stage, before its column's shift.
   __device__ static int offset(int n, int k) { return line_of_column(n) * kLd + k; }
@@ -619,9 +622,26 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
   const int quad = lane % 4;
   // B split: warp w converts the core matrices of columns 8 w .. 8 w + 7 and 64 + 8 w ..; lane = 8 kp + ln
   // takes column ln of them (b_split_col(h), h < 2) and k 2 kp, 2 kp + 1 of every 8 (b_split_k(kc) in the
-  // kc-th 8): each store instruction fills one core matrix.
+  // kc-th 8): each store instruction writes 32 banks (n % 8 and kp differ). By residue of B's columns
+  // (BResidueStageTile) that would put a load's lanes in banks 8 lines apart (every box starts in bank 0): 2-way
+  // conflicts where the column stride is odd, 4-way where it is even. There warp w converts columns 16 w .. 16 w + 15
+  // (two groups of 8, 2 lines apart in a box: 16 banks), lane 8 kp + ln column ln of group b_split_group first and of
+  // the other next, chosen from the shifts. Residues j and j ^ 2 have shifts of the same parity: 2 apart (an odd
+  // stride, as the W.t() of x @ W.t() with an odd K), the lanes of the larger shift take group 1, but at k 14 of their
+  // 16, which lands past the other's: every load reads 32 banks. Equal (an even stride), residue j takes group j / 2:
+  // 2-way conflicts, which loading the pair's odd k first for odd j would avoid at about 50 more instructions per stage
+  // (checked by enumerating the column stride and offset modulo 4).
   const int split_ln = lane % 8, split_kp = lane / 8;
-  auto b_split_col = [&](int h) { return 64 * h + 8 * warp + split_ln; };
+  int b_split_group = 0;
+  if constexpr (kBColResidues) {
+    const int residue = split_ln % 4;
+    const int own = b_residues->shift[residue], partner = b_residues->shift[residue ^ 2];
+    b_split_group = own == partner ? residue / 2 : own > partner && 8 * (split_ln / 4) + 2 * split_kp < 14;
+  }
+  auto b_split_col = [&](int h) {
+    if constexpr (kBColResidues) return 16 * warp + 8 * (h ^ b_split_group) + split_ln;
+    return 64 * h + 8 * warp + split_ln;
+  };
   auto b_split_k = [&](int kc) { return 8 * kc + 2 * split_kp; };
   // MN-major split: warp w converts columns 16 w .. 16 w + 15; lane = 8 q + r takes the four columns from
   // b_mn_col = 16 w + 4 q in rows k = 8 kc + r (one 16-byte chunk per load: 8 lanes read 8 rows, which the
@@ -670,6 +690,10 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
                                                   : B::offset(b_split_col(0), b_split_k(j)) +
                                                         b_column_shift(b_split_col(0)));
   }
+  // (By residue of B's columns: bytes from column group b_split_group to the other, in the stage and the hi/lo tiles.)
+  constexpr int kGroupBytes = BResidueStageTile::kColumnGroupBytes;
+  const int b_split_group_step = b_split_group ? -kGroupBytes : kGroupBytes;
+  const int b_split_group_store_step = b_split_group ? -kSbo : kSbo;
   const int split_off = kBMnMajor ? split_offset<true>(b_mn_col, b_mn_row)
                                   : split_offset<false>(b_split_col(0), b_split_k(0));
   // The same for tf32 (the arrays above are then unused, and these in the fp16 kernel). A's fragment of
@@ -1030,8 +1054,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
           if constexpr (kBRowMajor) {
             v[h][kc] = make_float2(*reinterpret_cast<const float*>(at(0, kc, 2 * h)),
                                    *reinterpret_cast<const float*>(at(1, kc, 2 * h)));
-          } else if constexpr (kBResidues) {  // (column 64 h further: 16 lines of its box; 4-byte aligned only)
-            const float* p = reinterpret_cast<const float*>(at(kc, 8 * h, 0));
+          } else if constexpr (kBResidues) {  // (see b_split_group; 4-byte aligned only)
+            const float* p = reinterpret_cast<const float*>(at(kc, 0, 0) + h * b_split_group_step);
             v[h][kc] = make_float2(p[0], p[1]);
           } else {
             v[h][kc] = *reinterpret_cast<const float2*>(at(kc, 8 * h, 0));
@@ -1044,7 +1068,8 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
         for (int kc = 0; kc < kPairs; ++kc) {
           __half2 h2, l2;
           wmmae::split_fp16x2_compensated(v[h][kc].x * b_scale[h], v[h][kc].y * b_scale[h], h2, l2);
-          const int off = kc * kLbo + 8 * h * kSbo;  // = split_offset(b_split_col(h), b_split_k(kc)) - split_off
+          // = split_offset(b_split_col(h), b_split_k(kc)) - split_off
+          const int off = kc * kLbo + (kBColResidues ? h * b_split_group_store_step : 8 * h * kSbo);
           *reinterpret_cast<__half2*>(hi + off) = h2;
           *reinterpret_cast<__half2*>(lo + off) = l2;
         }
