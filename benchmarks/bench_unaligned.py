@@ -32,8 +32,8 @@ from common import header, inputs_for_rotation, loop_ms, write_results
 # once (M = 128). Then the backward pass of a linear layer with an odd in_features: grad @ W and grad.t() @ x (a
 # row-major B of odd width: by residue of its k). Then batched operands whose batch stride is a multiple of 4 floats
 # (every entry's lines at the same residues: by residue, with batched maps): an odd K (A by residue), an odd N (B by
-# residue), and x @ W.t() per batch entry. Last, odd widths of 2^19 to 2^20 outputs at K <= 128, which leave the small
-# GEMM for the tile GEMMs where those read no copy (B by residue, A in place), and one below 2^19.
+# residue), and x @ W.t() per batch entry. Last, odd widths of 2^18 to 2^20 outputs at K <= 128, which leave the small
+# GEMM for the tile GEMMs where those read no copy (B by residue, A in place), and one below 2^18.
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
@@ -48,7 +48,7 @@ SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0)
           (1, 4096, 4095, 8192, 0, "a_col"),
           (8, 1024, 1024, 1023, 0), (4, 2048, 2047, 2048, 0), (8, 1024, 1024, 1023, 0, "x_w_t"),
           (1, 1023, 1023, 64, 0), (1, 2049, 511, 96, 0), (1, 513, 1023, 128, 0),
-          (1, 513, 513, 64, 0)]
+          (1, 513, 513, 64, 0), (1, 511, 511, 64, 0)]
 # A's and B's layouts: row-major both, A column-major (X.t()), B column-major (W.t()).
 LAYOUTS = ("row", "a_col", "x_w_t")
 # The paths: the default, the small GEMM wherever it can run (K <= 128, SMALL_GEMM_MAX_K), the tile GEMMs (never the

@@ -1809,7 +1809,7 @@ def _tile_gemms_unless_asked(monkeypatch):
 # (a, b) as (shape, line stride, storage offset, column-major) (_strided_matrix), and whether the default rule takes the
 # small GEMM (small_gemm_applies: an entry's output at most 64 x 64, or the call's at most 256^2 elements with M, N <=
 # 256, or "no_tma": where the wgmma GEMM runs, could not read an operand by TMA in place, and would not read a copy (two
-# batch dimensions) or the output's width is odd (from 2^19 elements, only where the tile GEMMs would read a copy) or M
+# batch dimensions) or the output's width is odd (from 2^18 elements, only where the tile GEMMs would read a copy) or M
 # or N is at most 32, the call's output at most 2^20 elements, and beyond that where M or N is at most 32 or N is odd
 # with K <= 64 (and N <= 64 where the tile GEMMs read copies, whose flush stages an odd width); else only
 # TORCH_WMMAE_SMALL_GEMM=1 does). Its tiles are 16 x 16, 32 x 32 or 64 x 64 (_small_gemm_tile): cases of each, with K
@@ -1843,13 +1843,14 @@ SMALL_GEMM_CASES = {
     # but for outputs of 32 rows or columns (taken; not 64)
     "k50_a_lines_unaligned_1024x1024": (((1, 1024, 50), 50, 0, False), ((1, 50, 1024), 1024, 0, False), False),
     "k64_b_lines_unaligned_300x301": (((300, 64), 64, 0, False), ((64, 301), 301, 0, False), "no_tma"),
-    # (from 2^19 outputs, an odd width where the tile GEMMs read no copy, B by residue and A in place, by residue too,
-    # or batched with batch strides of a multiple of 4 floats: not taken; below 2^19 outputs, or B's batch entries at
+    # (from 2^18 outputs, an odd width where the tile GEMMs read no copy, B by residue and A in place, by residue too,
+    # or batched with batch strides of a multiple of 4 floats: not taken; below 2^18 outputs, or B's batch entries at
     # other residues (copied): taken)
     "k64_b_lines_odd_769x769": (((769, 64), 64, 0, False), ((64, 769), 769, 0, False), False),
     "k63_a_and_b_lines_odd_769x769": (((769, 63), 63, 0, False), ((63, 769), 769, 0, False), False),
     "k64_b_lines_odd_batched_2x513x513": (((2, 513, 64), 64, 0, False), ((2, 64, 513), 513, 0, False), False),
-    "k64_b_lines_odd_723x723": (((723, 64), 64, 0, False), ((64, 723), 723, 0, False), "no_tma"),
+    "k64_b_lines_odd_513x513": (((513, 64), 64, 0, False), ((64, 513), 513, 0, False), False),
+    "k64_b_lines_odd_511x511": (((511, 64), 64, 0, False), ((64, 511), 511, 0, False), "no_tma"),
     "k65_b_lines_odd_batched_2x513x513": (((2, 513, 65), 68, 0, False), ((2, 65, 513), 513, 0, False), "no_tma"),
     "k128_a_offset_2x512x512": (((2, 512, 128), 128, 1, False), ((2, 128, 512), 512, 0, False), False),
     "k64_two_batch_dims_300x300": (((2, 1, 300, 64), 64, 0, False), ((3, 64, 300), 300, 0, False), "no_tma"),

@@ -1168,8 +1168,10 @@ bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
 // 64 10.42 / 9.28, 1023^2 x 64 10.60 / 9.12, 769^2 x 128 15.76 / 11.89, 1023^2 x 32 9.16 / 7.80, 4096 x 255 x 64 10.63
 // / 9.30, 255 x 4095 x 64 11.86 / 9.07, 2049 x 511 x 96 13.53 / 11.40; session 106, A by residue too: 769^2 x 63 12.73
 // / 9.70, 1023^2 x 63 12.87 / 9.67, 1023^2 x 33 12.17 / 9.41, 2049 x 511 x 95 15.50 / 12.47; batched B by residue: 2 x
-// 513^2 x 64 10.40 / 9.20, 2 x 723^2 x 64 12.29 / 9.84, 4 x 363^2 x 64 10.45 / 9.10; but below the bound 513^2 x 64
-// 8.94 / 8.77, 257^2 x 64 7.82 / 8.97).
+// 513^2 x 64 10.40 / 9.20, 2 x 723^2 x 64 12.29 / 9.84, 4 x 363^2 x 64 10.45 / 9.10; from 2^18 outputs, session 106:
+// 513^2 x 63 11.34 / 9.30, 513^2 x 127 14.58 / 12.08, 601^2 x 96 11.11 / 9.94, 400 x 701 x 64 9.00 / 8.75, 513^2 x 64
+// 8.95 / 8.78, but 4 x 257^2 x 64 9.01 / 9.08; below the bound 511^2 x 64 8.15 / 9.02, 363^2 x 64 7.69 / 9.00, 257^2 x
+// 64 7.82 / 8.97).
 // TORCH_WMMAE_SMALL_GEMM=0 turns it off, =1 on wherever it can run (any M and N). Read on every call: tests
 // compare it with the tile GEMMs.
 constexpr std::int64_t kSmallCallOutputs = 256 * 256;
@@ -1178,7 +1180,7 @@ constexpr std::int64_t kSmallUnreadCallOutputs = std::int64_t{1} << 20;
 constexpr std::int64_t kSmallNarrowExtent = 32;
 constexpr std::int64_t kSmallOddWidthMaxK = 64;
 constexpr std::int64_t kSmallStagedOddWidthMaxN = 64;
-constexpr std::int64_t kSmallOddWidthByResidueMinOutputs = std::int64_t{1} << 19;
+constexpr std::int64_t kSmallOddWidthByResidueMinOutputs = std::int64_t{1} << 18;
 template <class TmaReads, class ReadsCopies, class ReadsInPlace>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads,
                         ReadsCopies&& tile_gemms_read_copies, ReadsInPlace&& tile_gemms_read_in_place) {
