@@ -268,45 +268,38 @@ def cuda_caching_allocator_on() -> bool:
     return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
 
 
-# Memory pools that the running test made (poisoned_cuda_pool, test_large's poisoned). Tests keep their outputs past
-# the pool's block (a `with` around the call, the checks after it), so a pool lives until its test ends, and after it
-# while a tensor of the test may still be alive (_release_test_pools). Nothing here calls MemPool.snapshot(): the rare
-# segmentation faults of whole-file runs (sessions 96-108, always in small-GEMM tests) were last seen inside it, at the
-# end of poisoned_cuda_pool (before that in the profiler, and once at a pool's first allocation).
-_POOLS_OF_TEST: list = []
-_POOLS_KEPT: list = []  # pools of tests that ended with more memory allocated than they started with
+# Memory pools that tests made (poisoned_cuda_pool, test_large's poisoned), each with its device, kept until none of
+# its blocks holds a tensor (_release_idle_pools): tests keep their outputs past the pool's block (a `with` around the
+# call, the checks after it), so a pool is never destroyed with blocks in use. Nothing here calls MemPool.snapshot():
+# the rare segmentation faults of whole-file runs (sessions 96-108, always in small-GEMM tests) were last seen inside
+# it, at the end of poisoned_cuda_pool (before that in the profiler, and once at a pool's first allocation). Whether a
+# pool still holds a tensor is asked as CUDA graph trees ask it (the caching allocator's live allocations of a pool).
+_POOLS_IN_USE: list = []
 
 
 def keep_pool_until_idle(pool: "torch.cuda.MemPool") -> "torch.cuda.MemPool":
-    """Keeps `pool` alive until its test ends, or longer while the test's tensors may be alive; returns it."""
-    _POOLS_OF_TEST.append(pool)
+    """Keeps `pool` (made on the current device) alive until none of its blocks holds a tensor; returns it."""
+    _POOLS_IN_USE.append((pool, torch.cuda.current_device()))
     return pool
 
 
-def _cuda_allocated_bytes() -> int:
-    """Bytes the caching allocator has handed out to live tensors, over all devices (0 before CUDA starts)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return 0
-    return sum(torch.cuda.memory_allocated(index) for index in range(torch.cuda.device_count()))
+def _pool_has_live_blocks(pool, device: int) -> bool:
+    return not torch._C._cuda_checkPoolLiveAllocations(device, pool.id, set())
+
+
+@pytest.fixture(autouse=True)
+def _release_idle_pools():
+    """After each test, the kept pools whose tensors are all gone are released (a failed test's frames may still
+    hold some: those pools wait for a later test)."""
+    yield
+    if _POOLS_IN_USE:
+        gc.collect()
+        _POOLS_IN_USE[:] = [entry for entry in _POOLS_IN_USE if _pool_has_live_blocks(*entry)]
 
 
 def _segments_allocated(device=None) -> int:
     """How many segments the caching allocator has ever allocated on `device` (any pool)."""
     return torch.cuda.memory_stats(device).get("segment.all.allocated", 0)
-
-
-@pytest.fixture(autouse=True)
-def _release_test_pools():
-    """After each test, its pools are released where the memory allocated is back to what it was before the test
-    (so none of their blocks holds a tensor); otherwise (a failed test's frames, a cache filled by the test) they
-    are kept for the session, never destroyed with blocks in use."""
-    allocated_before = _cuda_allocated_bytes()
-    yield
-    if _POOLS_OF_TEST:
-        gc.collect()
-        if _cuda_allocated_bytes() > allocated_before:
-            _POOLS_KEPT.extend(_POOLS_OF_TEST)
-        _POOLS_OF_TEST.clear()
 
 
 @contextlib.contextmanager
@@ -317,7 +310,7 @@ def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     workspace that a kernel fails to write keeps the poison. Checks at the end that the block allocated no other
     segment (the caching allocator's count of segments allocated). Skips where the caching allocator is off
     (compute-sanitizer runs), since the pool then hands out fresh memory. The pool outlives the block until its
-    test ends (keep_pool_until_idle)."""
+    tensors are gone (keep_pool_until_idle)."""
     if not cuda_caching_allocator_on():
         pytest.skip("needs the caching allocator")
     pool = keep_pool_until_idle(torch.cuda.MemPool())
