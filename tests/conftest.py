@@ -268,7 +268,7 @@ def cuda_caching_allocator_on() -> bool:
     return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1"
 
 
-# Memory pools that tests made (poisoned_cuda_pool, test_large's poisoned), each with its device, kept until none of
+# Memory pools that tests made (poisoned_cuda_pool, poisoned_output), each with its device, kept until none of
 # its blocks holds a tensor (_release_idle_pools): tests keep their outputs past the pool's block (a `with` around the
 # call, the checks after it), so a pool is never destroyed with blocks in use. Nothing here calls MemPool.snapshot():
 # the rare segmentation faults of whole-file runs (sessions 96-108, always in small-GEMM tests) were last seen inside
@@ -297,9 +297,9 @@ def _release_idle_pools():
         _POOLS_IN_USE[:] = [entry for entry in _POOLS_IN_USE if _pool_has_live_blocks(*entry)]
 
 
-def _segments_allocated(device=None) -> int:
-    """How many segments the caching allocator has ever allocated on `device` (any pool)."""
-    return torch.cuda.memory_stats(device).get("segment.all.allocated", 0)
+def _segments_allocated() -> int:
+    """How many segments the caching allocator has ever allocated on the current device (any pool)."""
+    return torch.cuda.memory_stats().get("segment.all.allocated", 0)
 
 
 @contextlib.contextmanager
@@ -323,6 +323,25 @@ def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
         assert poisoned_segments - segments_before == 1 + large, "the poison did not fill exactly its own segments"
         yield pool
     assert _segments_allocated() == poisoned_segments, "the call allocated outside the poisoned segments"
+
+
+def poisoned_output(call, shape, dtype=torch.float32) -> torch.Tensor:
+    """call()'s output, which must land in memory just filled with NaN: for outputs too large for
+    poisoned_cuda_pool's segments (test_large's gigabytes), a private pool whose only free block is a poisoned one
+    of the output's size, which the call must allocate first (checked by address). An element the kernels fail to
+    write stays NaN, where fresh memory could hold an earlier call's right answer for the same inputs. (Without
+    the caching allocator, as under compute-sanitizer, a plain call.)"""
+    if not cuda_caching_allocator_on():
+        out = call()
+    else:
+        with torch.cuda.use_mem_pool(keep_pool_until_idle(torch.cuda.MemPool())):
+            poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+            address = poison.data_ptr()
+            del poison
+            out = call()
+        assert out.data_ptr() == address, "the output did not land in the poisoned memory"
+    assert out.shape == shape, (tuple(out.shape), shape)
+    return out
 
 
 def launched_kernels(fn) -> list[tuple[str, int]]:

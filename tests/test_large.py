@@ -17,7 +17,7 @@ import torch
 
 from torch_wmmae import batched_outer, corrected_matmul
 
-from conftest import U32, cuda_caching_allocator_on, keep_pool_until_idle, rel_err, requires_cuda
+from conftest import U32, poisoned_output, rel_err, requires_cuda
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 pytestmark = [requires_cuda, pytest.mark.gpu, pytest.mark.large, pytest.mark.usefixtures("ieee_fp32")]
@@ -69,25 +69,6 @@ def check_block(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str) 
     assert err <= parity_slack(k) * max(err32, floor), f"{what}rel err {err:.3e} vs float32 {err32:.3e} (floor {floor:.3e})"
 
 
-def poisoned(call, shape, dtype=torch.float32) -> torch.Tensor:
-    """call()'s output, which lands in memory just filled with NaN: the call allocates its output first, in a
-    private pool whose only free block is the poisoned one of the output's size. An element the kernels fail to
-    write stays NaN, which every check here fails, where fresh memory could hold an earlier call's right
-    answer for the same inputs. (Without the caching allocator, as under compute-sanitizer, a plain call.)"""
-    if not cuda_caching_allocator_on():
-        out = call()
-    else:
-        pool = keep_pool_until_idle(torch.cuda.MemPool())
-        with torch.cuda.use_mem_pool(pool):
-            poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-            address = poison.data_ptr()
-            del poison
-            out = call()
-        assert out.data_ptr() == address, "the output did not land in the poisoned memory"
-    assert out.shape == shape, (tuple(out.shape), shape)
-    return out
-
-
 def sample_rows(m: int, n: int, gen: torch.Generator, count: int = 12) -> torch.Tensor:
     """The first and last rows, the rows around flat index 2^31 of an (m, n) output, and random rows."""
     edge = [0, 1, INT32_LIMIT // n - 1, INT32_LIMIT // n, INT32_LIMIT // n + 1, m - 2, m - 1]
@@ -131,7 +112,7 @@ def test_matmul_output_beyond_2_31():
     rows = sample_rows(m, n, gen)
     cols = torch.cat([torch.tensor([0, n - 1], device="cuda"), torch.randint(0, n, (6,), device="cuda", generator=gen)])
     for method in METHODS:
-        out = poisoned(lambda: corrected_matmul(a, b, method=method), (m, n))
+        out = poisoned_output(lambda: corrected_matmul(a, b, method=method), (m, n))
         what = f"method={method}: "
         check_block(out[rows], a[rows], b, what + "rows: ")
         check_block(out[:, cols], a, b[:, cols], what + "columns: ")
@@ -157,7 +138,7 @@ def test_matmul_a_beyond_2_31(transposed):
     a = _big((m, k), transposed, gen)
     b = torch.randn(k, n, device="cuda", generator=gen)
     for method in METHODS:
-        out = poisoned(lambda: corrected_matmul(a, b, method=method), (m, n))
+        out = poisoned_output(lambda: corrected_matmul(a, b, method=method), (m, n))
         for start in range(0, m, BLOCK):
             blk = slice(start, min(start + BLOCK, m))
             check_block(out[blk], a[blk], b, f"method={method} rows {blk.start}..{blk.stop}: ")
@@ -174,7 +155,7 @@ def test_matmul_b_beyond_2_31(transposed):
     a = torch.randn(m, k, device="cuda", generator=gen)
     b = _big((k, n), transposed, gen)
     for method in METHODS:
-        out = poisoned(lambda: corrected_matmul(a, b, method=method), (m, n))
+        out = poisoned_output(lambda: corrected_matmul(a, b, method=method), (m, n))
         for start in range(0, n, BLOCK):
             blk = slice(start, min(start + BLOCK, n))
             check_block(out[:, blk], a, b[:, blk], f"method={method} columns {blk.start}..{blk.stop}: ")
@@ -192,7 +173,7 @@ def test_matmul_batched_output_beyond_2_31():
     # the last rows of the last batch entry lie beyond flat index 2^31 of the whole output
     assert (batch - 1) * m * n + (m - 1) * n > INT32_LIMIT
     for method in METHODS:
-        out = poisoned(lambda: corrected_matmul(a, b, method=method), (batch, m, n))
+        out = poisoned_output(lambda: corrected_matmul(a, b, method=method), (batch, m, n))
         for i in range(batch):
             check_block(out[i, rows], a[i, rows], b[i], f"method={method} batch {i} rows: ")
         check_block(out[-1, -3:], a[-1, -3:], b[-1], f"method={method} last rows: ")
@@ -207,7 +188,7 @@ def test_matmul_more_than_65535_batch_entries(method):
     gen = cuda_gen(6)
     a = torch.randn(MANY_BATCHES, 3, 16, device="cuda", generator=gen)
     b = torch.randn(MANY_BATCHES, 16, 5, device="cuda", generator=gen)
-    out = poisoned(lambda: corrected_matmul(a, b, method=method), (MANY_BATCHES, 3, 5))
+    out = poisoned_output(lambda: corrected_matmul(a, b, method=method), (MANY_BATCHES, 3, 5))
     assert_matmul_within_dot_product_bound(out, a, b, what=f"method={method}: ")
 
 
@@ -233,7 +214,7 @@ def test_matmul_float32_fallback_beyond_2_31_items():
     alone = torch.rand(batch, device="cuda", generator=gen) < 0.01
     alone[-100:] = True
     b[alone, 1, 0] = 0.0
-    out = poisoned(lambda: corrected_matmul(a, b, method="tf32"), (batch, 1, 1))
+    out = poisoned_output(lambda: corrected_matmul(a, b, method="tf32"), (batch, 1, 1))
     k = 2
     for start in range(0, batch, 2**26):
         z = slice(start, min(start + 2**26, batch))
@@ -276,8 +257,8 @@ def test_batched_outer_output_beyond_2_31(case):
     gen = cuda_gen(4)
     u = torch.randn(batch, n, device="cuda", generator=gen).to(dtype)
     v = torch.randn(batch, n, device="cuda", generator=gen).to(dtype) if with_v else None
-    out = poisoned(lambda: batched_outer(u, v, alpha=alpha, out_dtype=out_dtype), (batch, n, n),
-                   out_dtype or torch.float32)
+    out = poisoned_output(lambda: batched_outer(u, v, alpha=alpha, out_dtype=out_dtype), (batch, n, n),
+                          out_dtype or torch.float32)
     assert out.shape == (batch, n, n) and out.dtype == (out_dtype or torch.float32)
     crossing = INT32_LIMIT // (n * n)
     edge = [0, 1, crossing - 1, crossing, crossing + 1, batch - 3, batch - 2, batch - 1]

@@ -1,10 +1,12 @@
-"""The test harness's poisoned memory pools (conftest.poisoned_cuda_pool), which the GPU tests use to show that a
-kernel wrote every output: a fresh allocation inside one holds the poison, a block that needs more memory than the
-poisoned segments fails, and a pool counts as in use exactly while a tensor from it is alive."""
+"""The test harness's poisoned memory pools (conftest.poisoned_cuda_pool and poisoned_output), which the GPU tests
+use to show that a kernel wrote every output: a fresh allocation inside one holds the poison, a block that needs
+more memory than the poisoned segments fails, an output that misses the poisoned block fails, and a pool counts as
+in use exactly while a tensor from it is alive."""
 import pytest
 import torch
 
-from conftest import _pool_has_live_blocks, cuda_caching_allocator_on, poisoned_cuda_pool, requires_cuda
+from conftest import (_pool_has_live_blocks, cuda_caching_allocator_on, poisoned_cuda_pool, poisoned_output,
+                      requires_cuda)
 
 pytestmark = [requires_cuda, pytest.mark.gpu,
               pytest.mark.skipif(not cuda_caching_allocator_on(), reason="the pools need the caching allocator")]
@@ -16,6 +18,9 @@ def test_allocations_hold_the_poison(large):
     with poisoned_cuda_pool(float("nan"), large=large):
         out = torch.empty(numel, device="cuda")
     assert out.isnan().all()
+
+
+def test_allocations_hold_a_poison_of_another_dtype():
     with poisoned_cuda_pool(-7, dtype=torch.int32):
         ints = torch.empty(1000, dtype=torch.int32, device="cuda")
     assert (ints == -7).all()
@@ -26,6 +31,27 @@ def test_allocating_beyond_the_poisoned_segments_fails():
         with poisoned_cuda_pool(float("nan")):  # small segment only: 8 MB needs a segment of its own
             beyond = torch.empty(2 << 20, device="cuda")
     assert beyond.numel() == 2 << 20
+
+
+def test_poisoned_output_lands_in_the_poison():
+    shape = (3000, 1000)  # 12 MB: a segment of its own, beyond poisoned_cuda_pool's
+    out = poisoned_output(lambda: torch.empty(shape, device="cuda"), shape)
+    assert out.isnan().all()
+    halves = poisoned_output(lambda: torch.empty(shape, dtype=torch.half, device="cuda"), shape, torch.half)
+    assert halves.isnan().all()
+
+
+def test_poisoned_output_that_misses_the_poison_fails():
+    def allocates_scratch_first():
+        scratch = torch.ones(3000, 1000, device="cuda")  # takes the poisoned block
+        out = torch.empty(3000, 1000, device="cuda")
+        del scratch
+        return out
+
+    with pytest.raises(AssertionError, match="did not land in the poisoned memory"):
+        poisoned_output(allocates_scratch_first, (3000, 1000))
+    with pytest.raises(AssertionError):  # the right place but the wrong shape
+        poisoned_output(lambda: torch.empty(3000, 1000, device="cuda"), (1000, 3000))
 
 
 def test_pool_in_use_while_its_tensor_lives():
