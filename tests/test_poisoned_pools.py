@@ -50,7 +50,7 @@ def test_poisoned_output_that_misses_the_poison_fails():
 
     with pytest.raises(AssertionError, match="did not land in the poisoned memory"):
         poisoned_output(allocates_scratch_first, (3000, 1000))
-    with pytest.raises(AssertionError):  # the right place but the wrong shape
+    with pytest.raises(AssertionError, match=r"\(\(3000, 1000\), \(1000, 3000\)\)"):  # right place, wrong shape
         poisoned_output(lambda: torch.empty(3000, 1000, device="cuda"), (1000, 3000))
 
 
