@@ -1557,6 +1557,80 @@ def test_extra_memory_of_a_batched_operand_by_residue(monkeypatch, method):
     assert rel_err(outs["by_residue"][:, :64], ref) < 1e-6
 
 
+
+# Batched operands whose batch stride is not a multiple of 4 floats (contiguous entries of an odd number of floats):
+# (A's shape, B's shape, the switches that copy them instead).
+OTHER_RESIDUE_OPERANDS = {
+    "a": ((6, 511, 1023), (6, 1023, 512), {"TORCH_WMMAE_A_BY_RESIDUE": "0"}),
+    "b": ((6, 512, 1023), (6, 1023, 511), {"TORCH_WMMAE_B_BY_RESIDUE": "0"}),
+    "a_and_b": ((6, 511, 1023), (6, 1023, 511), {"TORCH_WMMAE_A_BY_RESIDUE": "0", "TORCH_WMMAE_B_BY_RESIDUE": "0"}),
+    "a_and_broadcast_b": ((5, 511, 1023), (1023, 512), {"TORCH_WMMAE_A_BY_RESIDUE": "0"}),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("operands", list(OTHER_RESIDUE_OPERANDS))
+def test_extra_memory_of_batched_operands_at_other_residues(monkeypatch, method, operands):
+    """Batched operands whose batch stride is not a multiple of 4 floats (contiguous entries of 511 x 1023 floats: each
+    entry's lines at their own residues of 16 bytes, which one set of maps cannot read): with
+    TORCH_WMMAE_BATCH_RESIDUE_CLASSES=1 the call runs as one call per residue class of the batch index modulo 4 (its
+    entries 4 strides apart, a multiple of 4 floats), each reading its entries by residue, within the 3% bound of
+    test_extra_memory_is_a_few_percent_of_a; with the operands' switches at 0 they are copied into lines padded to 16
+    bytes. Both give the same bits (deterministic mode: no split-K), and every entry (6 or 5: classes of two entries and
+    of one) matches float64."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    a_shape, b_shape, copy_switches = OTHER_RESIDUE_OPERANDS[operands]
+    gen = torch.Generator(device="cuda").manual_seed(511)
+    a = torch.randn(a_shape, device="cuda", generator=gen)
+    b = torch.randn(b_shape, device="cuda", generator=gen)
+    padded = {"TORCH_WMMAE_A_BY_RESIDUE": a.numel() // a.shape[-1] * ((a.shape[-1] + 3) // 4 * 4) * 4,
+              "TORCH_WMMAE_B_BY_RESIDUE": b.numel() // b.shape[-1] * ((b.shape[-1] + 3) // 4 * 4) * 4}
+    a_bytes, padded_bytes = a.numel() * 4, sum(padded[name] for name in copy_switches)
+    outs, extra = _extra_bytes_by_setting(
+        monkeypatch, {"by_residue_class": {"TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "1"}, "copied": copy_switches},
+        lambda: corrected_matmul(a, b, method=method))
+    assert extra["by_residue_class"] <= 0.03 * a_bytes, (extra, a_bytes)
+    assert padded_bytes <= extra["copied"] <= padded_bytes + 0.03 * a_bytes, (extra, padded_bytes, a_bytes)
+    assert torch.equal(outs["by_residue_class"], outs["copied"])
+    ref = torch.matmul(a.double(), b.double())
+    for entry in range(a.shape[0]):
+        assert rel_err(outs["by_residue_class"][entry], ref[entry]) < 1e-6, entry
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, by_class", [((16, 2047, 2048, 1023), True), ((16, 1023, 1024, 1023), False)],
+                         ids=["classes_of_8_waves", "classes_of_2_waves"])
+def test_batch_residue_classes_by_default(monkeypatch, shape, by_class):
+    """By default a batched A whose batch stride is not a multiple of 4 floats runs as residue classes of the batch
+    index (no copy: within the 3% bound) where each class's GEMM has at least 4 waves of 128 x 128 tiles on 132 SMs (16
+    x 2047 x 2048: 4 entries of 256 tiles per class), and is copied (its size again, lines padded) where the classes
+    would be smaller (16 x 1023 x 1024: 4 entries of 64 tiles), whose tails and fixed costs the copy undercuts; the same
+    bits as TORCH_WMMAE_BATCH_RESIDUE_CLASSES=0 (copied), within the float32 bound."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the rule's waves are counted for the H100's and H200's 132 SMs")
+    batch, m, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(m + k)
+    a = torch.randn(batch, m, k, device="cuda", generator=gen)
+    b = torch.randn(batch, k, n, device="cuda", generator=gen)
+    a_bytes, padded_bytes = a.numel() * 4, batch * m * ((k + 3) // 4 * 4) * 4
+    outs, extra = _extra_bytes_by_setting(
+        monkeypatch, {"default": {}, "copied": {"TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "0"}},
+        lambda: corrected_matmul(a, b))
+    assert padded_bytes <= extra["copied"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
+    if by_class:
+        assert extra["default"] <= 0.03 * a_bytes, (extra, a_bytes)
+    else:
+        assert extra["default"] == extra["copied"], extra
+    assert torch.equal(outs["default"], outs["copied"])
+    ref = torch.matmul(a[:, :64].double(), b.double())
+    assert rel_err(outs["default"][:, :64], ref) < 1e-6
+
 def _k_per_split(k, splits):
     """K elements per split (matmul_plan.cpp's k_per_split): whole 32-k stages."""
     return (-(-k // splits) + 31) // 32 * 32

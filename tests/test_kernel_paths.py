@@ -639,6 +639,9 @@ def test_corrected_matmul_tma_copies(gen, monkeypatch, case):
 
 
 A_BY_RESIDUE_SWITCH = "TORCH_WMMAE_A_BY_RESIDUE"
+# Batched operands whose batch stride is not a multiple of 4 floats: one call per residue class of the batch index,
+# each by residue, wherever that reads every operand in place (by default only for large classes).
+BY_CLASS = {"TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "1"}
 # (A by residue: the kernels named for it, and those of B by residue with kAResidues, their last argument.)
 BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90(_tf32)?_kernel_(a_by_residue<|b_by_residue<[^>]*true>)")
 TF32_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_(a_by_residue<|b_by_residue<[^>]*true>)")
@@ -692,7 +695,9 @@ def _by_residue_calls(gen, monkeypatch, c: ByResidueCase, switch: str, what: str
 # pass) whose columns TMA cannot read as one map, by residue of its k: the same kinds of cases ("a_col_"), with M = 1
 # and every residue of M and of the offset, K = 4 (one k of each residue) and K = 3 (copied). Batched: A's batch stride
 # a multiple of 4 floats (every entry's rows at the same residues: by residue, with B batched or broadcast, folding
-# or not, column-major too), or not (copied).
+# or not: copied where the residue classes of the batch index would be small (the default here), else one call per
+# class, each by residue (TORCH_WMMAE_BATCH_RESIDUE_CLASSES=1: 2, 3 and 5 entries, column-major too, auto's tf32 tiles,
+# and split-K, which zeroes a class's entries 4 apart; with M = 3, too few rows, copied).
 BY_RESIDUE_CASES = {
     "k33_folds_auto": ByResidueCase(((300, 33), 33, 0, False), ((33, 136), 136, 0, False), "auto", folds=True),
     "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 127, 1, False), ((127, 200), 200, 0, False), "fp16",
@@ -750,7 +755,19 @@ BY_RESIDUE_CASES = {
                                             folds=True),
     "batched_stride_odd_copied": ByResidueCase(((2, 301, 1001), 1001, 0, False), ((2, 1001, 136), 136, 0, False),
                                                "fp16", by_residue=False),
+    "batched_stride_odd_by_class": ByResidueCase(((2, 301, 1001), 1001, 0, False), ((2, 1001, 136), 136, 0, False),
+                                                 "fp16", env=BY_CLASS),
+    "batched_5_stride_odd_broadcast_b_auto_tf32_tiles": ByResidueCase(((5, 301, 1001), 1001, 0, False),
+                                                                      ((1001, 136), 136, 0, False), "auto",
+                                                                      wide_row=True, env=BY_CLASS),
+    "batched_5_stride_odd_split_k": ByResidueCase(((5, 130, 4101), 4101, 0, False), ((5, 4101, 136), 136, 0, False),
+                                                  "fp16", env=BY_CLASS, deterministic=False,
+                                                  atomics_in_any_order=True),
+    "batched_stride_odd_m3_copied": ByResidueCase(((2, 3, 1001), 1001, 0, False), ((2, 1001, 136), 136, 0, False),
+                                                  "fp16", by_residue=False, env=BY_CLASS),
     "a_col_batched": ByResidueCase(((2, 300, 1000), 301, 0, True), ((2, 1000, 136), 136, 0, False), "fp16"),
+    "a_col_batched_3_stride_odd": ByResidueCase(((3, 301, 1001), 301, 0, True), ((3, 1001, 136), 136, 0, False),
+                                                "auto", env=BY_CLASS),
 }
 
 
@@ -794,7 +811,8 @@ TF32_B_BY_RESIDUE_KERNEL = re.compile(r"corrected_gemm_sm90_tf32_kernel_b_by_res
 # of grad @ W, the x of grad.t() @ x) whose rows TMA cannot read as one map (an odd width, a row stride that is not a
 # multiple of 4, a storage offset), by residue of its k: the same kinds of cases ("b_row_"), with K = 4 (one k of each
 # residue) and K = 3 (copied), and an even width of unaligned rows. Batched, in either layout, with a batch stride of a
-# multiple of 4 floats (by residue, A too) or not (copied).
+# multiple of 4 floats (by residue, A too) or not (copied where the residue classes of the batch index would be small,
+# the default here, else one call per class, each by residue, A too: TORCH_WMMAE_BATCH_RESIDUE_CLASSES=1).
 B_BY_RESIDUE_CASES = {
     "k33_folds_auto": ByResidueCase(((300, 33), 36, 0, False), ((33, 136), 33, 0, True), "auto", folds=True),
     "k127_offset_1_folds_fp16": ByResidueCase(((257, 127), 128, 0, False), ((127, 200), 128, 1, True), "fp16",
@@ -878,9 +896,15 @@ B_BY_RESIDUE_CASES = {
                                                    "auto", wide_row=True),
     "b_row_batched_stride_odd_copied": ByResidueCase(((2, 130, 1001), 1004, 0, False), ((2, 1001, 133), 133, 0, False),
                                                      "fp16", by_residue=False),
+    "b_row_batched_stride_odd_by_class": ByResidueCase(((2, 130, 1001), 1004, 0, False),
+                                                       ((2, 1001, 133), 133, 0, False), "fp16", env=BY_CLASS),
+    "b_col_batched_3_stride_odd": ByResidueCase(((3, 130, 1001), 1004, 0, False), ((3, 1001, 137), 1001, 0, True),
+                                                "auto", env=BY_CLASS),
     "b_col_batched": ByResidueCase(((2, 130, 1001), 1004, 0, False), ((2, 1001, 136), 1001, 0, True), "auto"),
     "both_batched_by_residue": ByResidueCase(((2, 300, 333), 333, 0, False), ((2, 333, 136), 333, 0, True), "auto",
                                              a_by_residue=True),
+    "both_batched_6_stride_odd": ByResidueCase(((6, 301, 333), 333, 0, False), ((6, 333, 137), 333, 0, True), "auto",
+                                               a_by_residue=True, env=BY_CLASS),
 }
 
 

@@ -918,7 +918,7 @@ __device__ __forceinline__ void corrected_gemm_sm90(const GemmArgs& args, const 
     };
     const TileLines lines = tiles_fold() ? fold_line_scales() : load_scales();
     // The tile's output: its first element, and its rows and columns inside the matrix.
-    float* const origin = args.c + (z * m + m0) * n + n0;
+    float* const origin = args.c + z * args.c_batch_stride + m0 * n + n0;
     const int rows = static_cast<int>(min(static_cast<std::int64_t>(kBlockM), m - m0));
     const int cols = static_cast<int>(min(static_cast<std::int64_t>(kBlockN), n - n0));
     // auto: the fp16 kernel leaves the tiles that are not fp16-safe to the tf32 kernel, which takes only those; or,

@@ -560,7 +560,7 @@ __global__ void __launch_bounds__(SmallShape<kTile>::kThreads,
       }
     }
     __syncthreads();  // the output tile is complete
-    small_gemm_store<kTile>(args.c + z * m * n, n, m0, n0, rows, cols, out_tile);
+    small_gemm_store<kTile>(args.c + z * args.c_batch_stride, n, m0, n0, rows, cols, out_tile);
     __syncthreads();  // the next batch entry rewrites the tiles and the shifts
   }
 }

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) corrected_gemm_kernel(GemmArgs ar
     // Fast path (fp16), as in the wgmma kernel: an interior tile whose unscaling factors are normal floats,
     // and a chunk that is the whole sum or a split-K part; one multiplication and no bounds checks per
     // element. (Not for tf32, the fallback method: its instantiations spilled more with it.)
-    float* c = args.c + z * m * n;
+    float* c = args.c + z * args.c_batch_stride;
     const bool split_k = args.k_splits > 1;  // (stream-K is the wgmma kernel's schedule, never this kernel's)
     const bool direct = M == Method::fp16 && lines.small_shifts && m0 + kBlockM <= m && n0 + kBlockN <= n;
     auto flush = [&](bool first_chunk, bool last_chunk) {

@@ -128,6 +128,8 @@ struct GemmArgs {
   const float* a;
   const float* b;
   float* c;
+  // Batch entry z's output at c + z * c_batch_stride: m * n, or more (split_batch_reads_in_place).
+  std::int64_t c_batch_stride;
   std::int64_t m, n, k;
   std::int64_t a_rs, a_ks;  // A element (i, kk) at a[i * a_rs + kk * a_ks]
   std::int64_t b_ks, b_cs;  // B element (kk, j) at b[kk * b_ks + j * b_cs]
@@ -684,7 +686,8 @@ struct TmaReadable {
 // residue of them: every batch entry has its lines at the same residues of 16 bytes (one entry, or one batch dimension
 // whose stride is a multiple of 4 floats, 0 where the operand is broadcast: four maps with a batch dimension then read
 // them all; a stride of another residue would give each entry its own shifts, and TMA needs a map's batch stride to be
-// a multiple of 16 bytes anyway), at least 4 lines (with fewer a residue would have none, and no map:
+// a multiple of 16 bytes anyway; such a call may run as residue classes of the batch index instead:
+// split_batch_reads_in_place), at least 4 lines (with fewer a residue would have none, and no map:
 // encode_fp32_residue_maps), and its switch not 0.
 bool operand_by_residue_applies(const GemmArgs& args, std::int64_t lines, const std::int64_t* batch_strides,
                                 const char* switch_name) {
@@ -1355,18 +1358,57 @@ at::Tensor tma_readable_copy(const at::Tensor& t, bool row_major) {
   return (row_major ? copy : copy.transpose(-2, -1)).expand(t.sizes());
 }
 
-at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, c10::string_view method_name) {
-  const Method method = method_from_string(std::string(method_name));
-  MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");  // checks dtypes, devices and shapes first
-  TORCH_CHECK(a_in.is_cuda(), "corrected_matmul: argument 'a' must be a CUDA tensor for the CUDA kernel");
-  const c10::cuda::CUDAGuard guard(a_in.device());
-  // Allocated in its final shape (the same memory as [batch, m, n], contiguous), so no view is made per call.
-  at::Tensor out = at::empty(plan.out_shape, a_in.options());
-  if (out.numel() == 0) return out;
-  if (plan.k == 0) return out.zero_();
-  const cudaDeviceProp& props = *at::cuda::getCurrentDeviceProperties();  // of a's device (the guard)
-  TORCH_CHECK(props.major >= 8, "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
+#ifdef WMMAE_HAS_SM90A
+// An operand's batch entries at different residues of 16 bytes (one batch dimension whose stride is not a multiple of 4
+// floats, as a contiguous [batch, 301, 1001]) are not read by residue (operand_by_residue_applies); but the entries
+// whose index has one residue modulo 4 are kBatchResidueClasses strides apart, a multiple of 4 floats, and share their
+// lines' residues. So a call that would copy such an operand may run as one call per residue class instead
+// (batch_residue_class), each reading its entries by residue, where every operand it would copy is then read in place:
+// the same kernels on a quarter of the batch each, outputs kBatchResidueClasses entries apart
+// (GemmArgs::c_batch_stride), the same bits in deterministic mode. Each class's GEMM has its own last wave and fixed
+// costs, so the copies are faster until a class has kBatchClassMinWaves waves of tiles. H200, session 111, us per call
+// back to back, auto, classes / copies (torch fp32): 16 x 2047^3 2552 / 2706 (5493), 64 x 1025^3 1899 / 2071, 128 x
+// 513^3 811 / 843, 8 x 4095^3 8760 / 8779, 16 x 4095 x 1024 x 1023 1212 / 1255 (classes of 6-16 waves); but 32 x 1023 x
+// 1024 x 1023 634 / 620 (3.9 waves), 64 x 511 x 512 x 511 241 / 218 (1.9), 64 x 513^3 554 / 442 (3 waves), 4 x 2047^3
+// 764 / 667 (1.9), 8 x 1023 x 1024 x 1023 192 / 172 (1). TORCH_WMMAE_BATCH_RESIDUE_CLASSES=0 never splits, =1 wherever
+// the classes read every operand in place (read on every call: tests compare them with the copies, as the A and B
+// by-residue switches at 0 do).
+constexpr int kBatchResidueClasses = 4;
+constexpr std::int64_t kBatchClassMinWaves = 4;
+bool split_batch_reads_in_place(const GemmArgs& args, bool a_row, bool b_row, bool copy_a, bool copy_b, int sm_count) {
+  if (args.batch.ndim != 1 || args.num_batches < 2 || env_is("TORCH_WMMAE_BATCH_RESIDUE_CLASSES", "0")) return false;
+  GemmArgs one_class = args;
+  one_class.batch.a_stride[0] *= kBatchResidueClasses;
+  one_class.batch.b_stride[0] *= kBatchResidueClasses;
+  one_class.num_batches = (args.num_batches + kBatchResidueClasses - 1) / kBatchResidueClasses;
+  const bool pays = env_is("TORCH_WMMAE_BATCH_RESIDUE_CLASSES", "1") ||
+                    one_class.num_batches * gemm_tiles(args.m, args.n) >= kBatchClassMinWaves * sm_count;
+  return pays && (!copy_a || a_by_residue_applies(one_class, a_row)) &&
+         (!copy_b || b_by_residue_applies(one_class, b_row));
+}
 
+// The batch entries p, p + kBatchResidueClasses, ... of a call with one batch dimension, as views of its operands a
+// and b ([*batch, M, K] and [*batch, K, N], their batch dimensions coalescing into plan.batch_strides), planned.
+MatmulPlan batch_residue_class(const at::Tensor& a, const at::Tensor& b, const MatmulPlan& plan, int p) {
+  TORCH_INTERNAL_ASSERT(plan.batch_strides.ndim == 1 && p < plan.batch, "batch_residue_class: one batch dimension");
+  const std::int64_t entries = (plan.batch - p + kBatchResidueClasses - 1) / kBatchResidueClasses;
+  const auto class_of = [&](const at::Tensor& t, std::int64_t batch_stride) {
+    return t.as_strided({entries, t.size(-2), t.size(-1)}, {kBatchResidueClasses * batch_stride, t.stride(-2),
+                                                            t.stride(-1)},
+                        t.storage_offset() + p * batch_stride);
+  };
+  return plan_matmul(class_of(a, plan.batch_strides.a_stride[0]), class_of(b, plan.batch_strides.b_stride[0]),
+                     "corrected_matmul");
+}
+#endif
+
+// Launches the product of plan's operands (views of the caller's tensors) into batch entries first_entry,
+// first_entry + entry_step, ... of `out`, the call's output (contiguous, [*, m, n]): all of them (0, 1), or a batch
+// residue class's (split_batch_reads_in_place). may_split_batch: where the call would copy an operand only because its
+// batch entries sit at different residues of 16 bytes, it runs as one call per residue class of the batch index
+// instead, which do not split again.
+void run_corrected_gemm(MatmulPlan plan, const at::Tensor& out, std::int64_t first_entry, std::int64_t entry_step,
+                        Method method, const cudaDeviceProp& props, [[maybe_unused]] bool may_split_batch) {
   // Each operand is read in place when one of its matrix dimensions is contiguous (a dimension of size 1
   // counts as contiguous: it is read at offset 0 only), otherwise copied once. The classification that
   // decides the copy also picks the kernel's layout.
@@ -1400,7 +1442,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     args.batch = plan.batch_strides;
   };
   point_at_operands();
-  args.c = out.data_ptr<float>();
+  args.c = out.data_ptr<float>() + first_entry * plan.m * plan.n;
+  args.c_batch_stride = entry_step * plan.m * plan.n;
   args.m = plan.m;
   args.n = plan.n;
   args.k = plan.k;
@@ -1466,7 +1509,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // (One kernel: no workspace, no pre-pass.)
   if (small_gemm_applies(args, kernels, tma_reads, tile_gemms_read_copies, tile_gemms_read_in_place)) {
     launch_small_gemm(args, a_row, b_row, sm_count, kernels.overlap_launches, stream);
-    return out;
+    return;
   }
 #ifdef WMMAE_HAS_SM90A
   if (!tma_reads() && tile_gemms_read_copies()) {
@@ -1478,6 +1521,14 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
       tma_reads();
     }
     const bool copy_a = !tma_readable->a, copy_b = !tma_readable->b;
+    if ((copy_a || copy_b) && may_split_batch &&
+        split_batch_reads_in_place(args, a_row, b_row, copy_a, copy_b, sm_count)) {
+      for (int p = 0; p < kBatchResidueClasses && p < plan.batch; ++p) {
+        run_corrected_gemm(batch_residue_class(a, b, plan, p), out, first_entry + p * entry_step,
+                           kBatchResidueClasses * entry_step, method, props, false);
+      }
+      return;
+    }
     if (copy_a) a = tma_readable_copy(a, a_row);
     if (copy_b) b = tma_readable_copy(b, b_row);
     if (copy_a || copy_b) {  // (with the operands by residue or readable, the maps above stand: nothing to encode again)
@@ -1493,6 +1544,12 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   args.tile_group_rows = launch_tile_group_rows(plan.k, props.l2CacheSize, grid.k_splits);
   // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
   const bool zero_output = args.adds_into_output();
+  // (Entries apart, a batch residue class's (split_batch_reads_in_place), are zeroed here, consecutive ones by the
+  // pre-pass.)
+  const bool prepass_zeroes_output = zero_output && (entry_step == 1 || plan.batch == 1);
+  if (zero_output && !prepass_zeroes_output) {
+    out.view({-1, plan.m, plan.n}).slice(0, first_entry, first_entry + plan.batch * entry_step, entry_step).zero_();
+  }
   bool prepass_launched = false;
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
   // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
@@ -1503,7 +1560,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
     // start while the kernel before it runs, and waits for it before its first loads.
     launch_gemm<Method::fp16>(args, grid, a_row, b_row, stream, true, kernels, sm_count, &gemm_tma_maps,
                               &gemm_a_residue_maps, &gemm_b_residue_maps);
-    return out;
+    return;
   }
   // (The resident pre-pass reads A and B with their one map each: not where one is read by residue.)
   const bool resident = resident_prepass_applies(args, kernels) && tma_reads() && !gemm_tma_maps.a_by_residue &&
@@ -1542,8 +1599,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   // The wgmma GEMMs read by TMA wherever it can read both operands (never on the WMMA GEMMs: no sm90_tma).
   const sm90::TmaMaps* const gemm_maps = tma_reads() ? &gemm_tma_maps : nullptr;
   if (!prepass_launched) {
-    prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, out.numel(), sm_count,
-                                      kernels.overlap_launches, stream);
+    prepass_launched = launch_prepass(a_lines, b_lines, prepass_zeroes_output ? args.c : nullptr,
+                                      plan.batch * plan.m * plan.n, sm_count, kernels.overlap_launches, stream);
   }
   if (method != Method::tf32) {
     // (It overlaps the pre-pass, which it waits for before its first tile's scales.)
@@ -1558,6 +1615,20 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
                               &gemm_b_residue_maps);
     launch_float32_fallback(args, props, kernels.overlap_launches, stream);  // checks tiles beyond its split
   }
+}
+
+at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, c10::string_view method_name) {
+  const Method method = method_from_string(std::string(method_name));
+  MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");  // checks dtypes, devices and shapes first
+  TORCH_CHECK(a_in.is_cuda(), "corrected_matmul: argument 'a' must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  // Allocated in its final shape (the same memory as [batch, m, n], contiguous), so no view is made per call.
+  at::Tensor out = at::empty(plan.out_shape, a_in.options());
+  if (out.numel() == 0) return out;
+  if (plan.k == 0) return out.zero_();
+  const cudaDeviceProp& props = *at::cuda::getCurrentDeviceProperties();  // of a's device (the guard)
+  TORCH_CHECK(props.major >= 8, "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
+  run_corrected_gemm(std::move(plan), out, 0, 1, method, props, true);
   return out;
 }
 

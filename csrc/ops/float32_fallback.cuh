@@ -300,7 +300,7 @@ __global__ void __maxnreg__(kFallbackRegisters) float32_fallback_kernel(GemmArgs
     }
     __syncthreads();
     bool at_risk = false;
-    float* c = args.c + z * m * n;
+    float* c = args.c + z * args.c_batch_stride;
     const std::int64_t qm = m0 + q_row, qn = n0 + q_col;
     if (!tf32_spans_fit(widest[0], widest[1])) {
       const int rows = static_cast<int>(min(static_cast<std::int64_t>(kFmaQuad), m - qm));
