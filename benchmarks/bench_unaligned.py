@@ -23,17 +23,20 @@ import torch_wmmae
 from common import header, inputs_for_rotation, loop_ms, write_results
 
 # (batch, m, n, k, A's storage offset in floats): odd N at K <= 128 (the flush's share of the time is largest) and
-# beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd N with long K: split-K (4097^3),
-# stream-K (1025^2 x 4096, 256 x 2049 x 4096) and chunks read back (8 x 1025^2 x 2048), whose atomics and chunks are
-# staged too, and split-K on cp.async stages (128 x 4097 x 4096: tma_copies_pay), which have no odd-width
-# instantiation; odd K (A's lines unaligned: read by residue) and an odd K and N; A one float past 16 bytes; an
-# aligned control. Then other layouts (the last field): A = X.t() with an odd M (a backward pass's grad.t() @ x: A by
-# residue of its k), and x @ W.t() with an odd K (both operands by residue: A's rows, B's columns), also with W read
-# once (M = 128). Then the backward pass of a linear layer with an odd in_features: grad @ W and grad.t() @ x (a
-# row-major B of odd width: by residue of its k). Then batched operands whose batch stride is a multiple of 4 floats
-# (every entry's lines at the same residues: by residue, with batched maps): an odd K (A by residue), an odd N (B by
-# residue), and x @ W.t() per batch entry. Last, odd widths of 2^18 to 2^20 outputs at K <= 128, which leave the small
-# GEMM for the tile GEMMs where those read no copy (B by residue, A in place), and one below 2^18.
+# beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd N with long K: split-K (4097^3), stream-K
+# (1025^2 x 4096, 256 x 2049 x 4096) and chunks read back (8 x 1025^2 x 2048), whose atomics and chunks are staged too,
+# and split-K on cp.async stages (128 x 4097 x 4096: tma_copies_pay), which have no odd-width instantiation; odd K (A's
+# lines unaligned: read by residue) and an odd K and N; A one float past 16 bytes; an aligned control. Then other
+# layouts (the last field): A = X.t() with an odd M (a backward pass's grad.t() @ x: A by residue of its k), and x @
+# W.t() with an odd K (both operands by residue: A's rows, B's columns), also with W read once (M = 128). Then the
+# backward pass of a linear layer with an odd in_features: grad @ W and grad.t() @ x (a row-major B of odd width: by
+# residue of its k). Then batched operands whose batch stride is a multiple of 4 floats (every entry's lines at the same
+# residues: by residue, with batched maps): an odd K (A by residue), an odd N (B by residue), and x @ W.t() per batch
+# entry; and batched operands whose batch stride is not a multiple of 4 floats (contiguous entries of an odd number of
+# floats): A, B, both, and x @ W.t(), copied by default, and two batches whose residue classes of the batch index have 4
+# waves of tiles or more, which run as one call per class by default. Last, odd widths of 2^18 to 2^20 outputs at K <=
+# 128, which leave the small GEMM for the tile GEMMs where those read no copy (B by residue, A in place), and one below
+# 2^18.
 SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0), (1, 4097, 4097, 128, 0),
           (1, 4097, 4097, 1000, 0), (1, 2049, 2049, 256, 0), (1, 1025, 1025, 64, 0), (8, 1025, 1025, 64, 0),
           (1, 769, 769, 64, 0), (1, 65536, 33, 64, 0), (1, 32768, 65, 64, 0), (1, 4097, 4097, 4097, 0),
@@ -47,15 +50,19 @@ SHAPES = [(1, 4097, 4097, 64, 0), (1, 4096, 4097, 64, 0), (1, 8193, 8193, 64, 0)
           (1, 2048, 1023, 1024, 0), (1, 8192, 4095, 4096, 0), (1, 1024, 1023, 2048, 0, "a_col"),
           (1, 4096, 4095, 8192, 0, "a_col"),
           (8, 1024, 1024, 1023, 0), (4, 2048, 2047, 2048, 0), (8, 1024, 1024, 1023, 0, "x_w_t"),
+          (8, 1023, 1024, 1023, 0), (8, 1024, 1023, 1023, 0), (4, 2047, 2047, 2047, 0), (64, 513, 513, 513, 0),
+          (16, 255, 256, 255, 0), (8, 1025, 1024, 1023, 0, "x_w_t"), (128, 513, 513, 513, 0), (16, 2047, 2047, 2047, 0),
           (1, 1023, 1023, 64, 0), (1, 2049, 511, 96, 0), (1, 513, 1023, 128, 0),
           (1, 513, 513, 64, 0), (1, 511, 511, 64, 0)]
 # A's and B's layouts: row-major both, A column-major (X.t()), B column-major (W.t()).
 LAYOUTS = ("row", "a_col", "x_w_t")
 # The paths: the default, the small GEMM wherever it can run (K <= 128, SMALL_GEMM_MAX_K), the tile GEMMs (never the
 # small GEMM) with their odd-width staging and with element-by-element stores, the tile GEMMs reading a copy of A or of
-# B where they would read it by residue, and the tile GEMMs without the copies (cp.async stages).
+# B where they would read it by residue, the tile GEMMs without the copies (cp.async stages), and, for batched operands
+# whose batch stride is not a multiple of 4 floats, the tile GEMMs run as one call per residue class of the batch index
+# wherever they can (by default only where each class has at least 4 waves of tiles).
 SWITCHES = ("TORCH_WMMAE_SMALL_GEMM", "TORCH_WMMAE_STAGED_FLUSH", "TORCH_WMMAE_A_BY_RESIDUE",
-            "TORCH_WMMAE_B_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES")
+            "TORCH_WMMAE_B_BY_RESIDUE", "TORCH_WMMAE_TMA_COPIES", "TORCH_WMMAE_BATCH_RESIDUE_CLASSES")
 VARIANTS = {
     "default_us": {},
     "small_gemm_us": {"TORCH_WMMAE_SMALL_GEMM": "1"},
@@ -64,6 +71,7 @@ VARIANTS = {
     "tile_a_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_A_BY_RESIDUE": "0"},
     "tile_b_copied_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_B_BY_RESIDUE": "0"},
     "tile_cp_async_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_TMA_COPIES": "0"},
+    "tile_batch_classes_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "1"},
 }
 SMALL_GEMM_MAX_K = 128  # corrected_gemm_small.cuh's kSmallMaxK: beyond it TORCH_WMMAE_SMALL_GEMM=1 runs the tile GEMMs
 COLUMNS = ["batch", "m", "n", "k", "a_offset", "layout", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
@@ -89,7 +97,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     parser.add_argument("--method", default="auto", choices=["auto", "fp16"])
     parser.add_argument("--rounds", type=int, default=3, help="rotated rounds of the paths per shape (median)")
+    parser.add_argument("--only", nargs="*", default=None, metavar="BxMxNxK",
+                        help="time only these shapes (batch x m x n x k, every layout and offset of each); "
+                             "needs --out, so that the results folder keeps every shape")
     args = parser.parse_args()
+    if args.only is not None and args.out is None:
+        parser.error("--only needs --out")
     if any(name in os.environ for name in SWITCHES):
         parser.error(f"unset {', '.join(SWITCHES)}: this benchmark sets them per path")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -97,6 +110,8 @@ def main() -> None:
     rows = []
     try:
         for batch, m, n, k, offset, *layout in SHAPES:
+            if args.only is not None and f"{batch}x{m}x{n}x{k}" not in args.only:
+                continue
             layout = layout[0] if layout else "row"
             assert layout in LAYOUTS, layout
             gen = torch.Generator(device="cuda").manual_seed(4321 + m + n + k + offset)
@@ -105,7 +120,10 @@ def main() -> None:
             a = [operand(pre + (m, k), offset, gen, transposed=layout == "a_col") for _ in range(sets)]
             b = [operand(pre + (k, n), 0, gen, transposed=layout == "x_w_t") for _ in range(sets)]
             calls = 40 if batch * m * n * k < 2**32 else 8
-            times = {name: [] for name in [*VARIANTS, "fp32_us"] if name != "small_gemm_us" or k <= SMALL_GEMM_MAX_K}
+            odd_batch_stride = batch > 1 and (m * k % 4 != 0 or k * n % 4 != 0)
+            times = {name: [] for name in [*VARIANTS, "fp32_us"]
+                     if (name != "small_gemm_us" or k <= SMALL_GEMM_MAX_K)
+                     and (name != "tile_batch_classes_us" or odd_batch_stride)}
             names = list(times)
             for rnd in range(args.rounds):
                 for name in names[rnd % len(names):] + names[:rnd % len(names)]:
