@@ -1602,19 +1602,20 @@ def test_extra_memory_of_batched_operands_at_other_residues(monkeypatch, method,
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape, by_class", [((16, 2047, 2048, 1023), True), ((16, 1023, 1024, 1023), False)],
-                         ids=["classes_of_8_waves", "classes_of_2_waves"])
-def test_batch_residue_classes_by_default(monkeypatch, shape, by_class):
+@pytest.mark.parametrize("shape", [(16, 2047, 2048, 1023), (16, 1023, 1024, 1023)],
+                         ids=["classes_of_1024_tiles", "classes_of_256_tiles"])
+def test_batch_residue_classes_by_default(monkeypatch, shape):
     """By default a batched A whose batch stride is not a multiple of 4 floats runs as residue classes of the batch
-    index (no copy: within the 3% bound) where each class's GEMM has at least 4 waves of 128 x 128 tiles on 132 SMs (16
-    x 2047 x 2048: 4 entries of 256 tiles per class), and is copied (its size again, lines padded) where the classes
-    would be smaller (16 x 1023 x 1024: 4 entries of 64 tiles), whose tails and fixed costs the copy undercuts; the same
-    bits as TORCH_WMMAE_BATCH_RESIDUE_CLASSES=0 (copied), within the float32 bound."""
+    index (no copy: within the 3% bound) where each class's GEMM has at least 4 waves of 128 x 128 tiles (4 per SM; 16
+    x 2047 x 2048: 4 entries of 256 tiles per class, 7.8 waves on an H200's 132 SMs), and is copied (its size again,
+    lines padded) where the classes would be smaller (16 x 1023 x 1024: 4 entries of 64 tiles, 1.9 waves), whose tails
+    and fixed costs the copy undercuts; the same bits as TORCH_WMMAE_BATCH_RESIDUE_CLASSES=0 (copied), within the
+    float32 bound."""
     if not runs_sm90_gemm():
         pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
-    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
-        pytest.skip("the rule's waves are counted for the H100's and H200's 132 SMs")
     batch, m, n, k = shape
+    class_tiles = -(-batch // 4) * -(-m // 128) * -(-n // 128)
+    by_class = class_tiles >= 4 * torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(m + k)
     a = torch.randn(batch, m, k, device="cuda", generator=gen)
     b = torch.randn(batch, k, n, device="cuda", generator=gen)
