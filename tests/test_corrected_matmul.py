@@ -1557,7 +1557,6 @@ def test_extra_memory_of_a_batched_operand_by_residue(monkeypatch, method):
     assert rel_err(outs["by_residue"][:, :64], ref) < 1e-6
 
 
-
 # Batched operands whose batch stride is not a multiple of 4 floats (contiguous entries of an odd number of floats):
 # (A's shape, B's shape, the switches that copy them instead).
 OTHER_RESIDUE_OPERANDS = {
@@ -1631,6 +1630,7 @@ def test_batch_residue_classes_by_default(monkeypatch, shape):
     assert torch.equal(outs["default"], outs["copied"])
     ref = torch.matmul(a[:, :64].double(), b.double())
     assert rel_err(outs["default"][:, :64], ref) < 1e-6
+
 
 def _k_per_split(k, splits):
     """K elements per split (matmul_plan.cpp's k_per_split): whole 32-k stages."""
