@@ -1542,14 +1542,9 @@ void run_corrected_gemm(MatmulPlan plan, const at::Tensor& out, std::int64_t fir
   args.stream_k_blocks = method != Method::tf32 && kernels.sm90 ? grid.stream_k_blocks : 0;
   args.stream_k_gap = grid.stream_k_gap;
   args.tile_group_rows = launch_tile_group_rows(plan.k, props.l2CacheSize, grid.k_splits);
-  // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes.
+  // With split-K or stream-K the GEMM adds into the output, which the pre-pass zeroes (a batch residue class's
+  // entries too, c_batch_stride apart: split_batch_reads_in_place).
   const bool zero_output = args.adds_into_output();
-  // (Entries apart, a batch residue class's (split_batch_reads_in_place), are zeroed here, consecutive ones by the
-  // pre-pass.)
-  const bool prepass_zeroes_output = zero_output && (entry_step == 1 || plan.batch == 1);
-  if (zero_output && !prepass_zeroes_output) {
-    out.view({-1, plan.m, plan.n}).slice(0, first_entry, first_entry + plan.batch * entry_step, entry_step).zero_();
-  }
   bool prepass_launched = false;
   // Every method scales its lines (line_shift), so every call finds their ranges: by a pre-pass, or where K is
   // short in the fp16 GEMM's tiles (tile_line_ranges_apply).
@@ -1599,8 +1594,9 @@ void run_corrected_gemm(MatmulPlan plan, const at::Tensor& out, std::int64_t fir
   // The wgmma GEMMs read by TMA wherever it can read both operands (never on the WMMA GEMMs: no sm90_tma).
   const sm90::TmaMaps* const gemm_maps = tma_reads() ? &gemm_tma_maps : nullptr;
   if (!prepass_launched) {
-    prepass_launched = launch_prepass(a_lines, b_lines, prepass_zeroes_output ? args.c : nullptr,
-                                      plan.batch * plan.m * plan.n, sm_count, kernels.overlap_launches, stream);
+    prepass_launched = launch_prepass(a_lines, b_lines, zero_output ? args.c : nullptr, plan.batch,
+                                      plan.m * plan.n, args.c_batch_stride, sm_count, kernels.overlap_launches,
+                                      stream);
   }
   if (method != Method::tf32) {
     // (It overlaps the pre-pass, which it waits for before its first tile's scales.)

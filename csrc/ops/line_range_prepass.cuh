@@ -306,7 +306,9 @@ struct PrepassArgs {
   std::int64_t blocks[2];      // blocks per operand (0: none)
   std::int64_t line_blocks[2];  // strided lines: blocks across the lines (the rest of blocks[i] along them)
   float* zero;                 // the output to zero, or null
-  std::int64_t zero_count;
+  std::int64_t zero_count;     // floats to zero: zero_entries entries of zero_entry floats each,
+  std::int64_t zero_entry;     // zero_entry_stride floats apart (a batch residue class's entries are
+  std::int64_t zero_entry_stride;  // 4 apart: split_batch_reads_in_place)
 };
 
 // Block `block` of the blocks that one operand's lines take (line_blocks: see PrepassArgs).
@@ -340,9 +342,14 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(PrepassArgs ar
   // Zeroing: the remaining blocks of every z slice, grid-stride.
   const std::int64_t zero_blocks = gridDim.x - args.blocks[0] - args.blocks[1];
   const std::int64_t stride = zero_blocks * gridDim.z * kPrepassThreads;
-  for (std::int64_t e = (blockIdx.z * zero_blocks + block) * kPrepassThreads + threadIdx.x; e < args.zero_count;
-       e += stride) {
-    args.zero[e] = 0.0f;
+  const std::int64_t first = (blockIdx.z * zero_blocks + block) * kPrepassThreads + threadIdx.x;
+  if (args.zero_entry_stride == args.zero_entry) {  // consecutive entries: one range
+    for (std::int64_t e = first; e < args.zero_count; e += stride) args.zero[e] = 0.0f;
+    return;
+  }
+  for (std::int64_t e = first; e < args.zero_count; e += stride) {
+    const std::int64_t entry = e / args.zero_entry;
+    args.zero[entry * args.zero_entry_stride + (e - entry * args.zero_entry)] = 0.0f;
   }
 }
 
@@ -385,10 +392,11 @@ inline std::int64_t prepass_blocks(const LinesArgs& lines, std::int64_t* line_bl
 }
 
 // Launches the pre-pass: the line ranges of a and b (either may have no lines) and the zeroing of `zero`
-// (zero_count floats; none when null), right after zero_workspace_kernel, which it overlaps where `overlap`.
-// Returns whether it launched a kernel.
-inline bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::int64_t zero_count, int sm_count,
-                    bool overlap, cudaStream_t stream) {
+// (`entries` entries of `entry` floats, `entry_stride` floats apart; none when null), right after
+// zero_workspace_kernel, which it overlaps where `overlap`. Returns whether it launched a kernel.
+inline bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, std::int64_t entries,
+                           std::int64_t entry, std::int64_t entry_stride, int sm_count, bool overlap,
+                           cudaStream_t stream) {
   PrepassArgs args{};
   args.lines[0] = a;
   args.lines[1] = b;
@@ -399,7 +407,9 @@ inline bool launch_prepass(const LinesArgs& a, const LinesArgs& b, float* zero, 
   args.blocks[0] = prepass_blocks(args.lines[0], &args.line_blocks[0]);
   args.blocks[1] = prepass_blocks(args.lines[1], &args.line_blocks[1]);
   args.zero = zero;
-  args.zero_count = zero == nullptr ? 0 : zero_count;
+  args.zero_count = zero == nullptr ? 0 : entries * entry;
+  args.zero_entry = entry;
+  args.zero_entry_stride = entry_stride;
   const std::int64_t slots = std::min(std::max(a.num_batches, b.num_batches), kMaxGridYZ);
   // Enough zeroing blocks to stream the output at full speed, a few per SM, spread over the z slices.
   const std::int64_t zero_blocks =
