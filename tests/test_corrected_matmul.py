@@ -1407,6 +1407,11 @@ def _call_and_extra_bytes(call):
     return out, stats["requested_bytes.all.peak"] - after
 
 
+def _padded_copy_bytes(lines, length):
+    """The bytes of a TMA-readable copy of `lines` lines of `length` floats: each line padded to 16 bytes."""
+    return lines * (-(-length // 4) * 4) * 4
+
+
 def _extra_bytes_by_setting(monkeypatch, settings: dict, call):
     """call()'s outputs and extra bytes (_call_and_extra_bytes) in deterministic mode (no split-K: one order of the
     sums), by setting: each a dict of the environment switches it sets, the other settings' switches unset."""
@@ -1460,7 +1465,7 @@ def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, m
     gen = torch.Generator(device="cuda").manual_seed(4097)
     a = torch.randn(m, k, device="cuda", generator=gen)
     b = torch.randn(k, n, device="cuda", generator=gen)
-    a_bytes, padded_bytes = a.numel() * 4, m * ((k + 3) // 4 * 4) * 4  # (A's lines padded to 16 bytes)
+    a_bytes, padded_bytes = a.numel() * 4, _padded_copy_bytes(m, k)
     outs, extra = _extra_bytes_by_setting(
         monkeypatch, {"by_residue": {}, "copied": {"TORCH_WMMAE_A_BY_RESIDUE": "0"},
                       "cp_async": {"TORCH_WMMAE_TMA_COPIES": "0"}},
@@ -1488,7 +1493,7 @@ def test_extra_memory_of_x_at_w_t_with_an_odd_k(monkeypatch, method):
     x = torch.randn(m, k, device="cuda", generator=gen)
     w = torch.randn(n, k, device="cuda", generator=gen)
     x_bytes = x.numel() * 4
-    padded = lambda lines: lines * ((k + 3) // 4 * 4) * 4  # (an operand's lines padded to 16 bytes)
+    padded = lambda lines: _padded_copy_bytes(lines, k)
     w_copied = {"TORCH_WMMAE_B_BY_RESIDUE": "0"}
     outs, extra = _extra_bytes_by_setting(
         monkeypatch, {"by_residue": {}, "w_copied": w_copied,
@@ -1521,7 +1526,7 @@ def test_extra_memory_of_a_backward_pass_with_an_odd_width(monkeypatch, method, 
     grad = torch.randn(tokens, out_features, device="cuda", generator=gen)
     a, b = (grad, w) if product == "grad_at_w" else (grad.t(), x)
     a_bytes = a.numel() * 4
-    b_padded = b.shape[0] * ((in_features + 3) // 4 * 4) * 4  # (B's rows padded to 16 bytes)
+    b_padded = _padded_copy_bytes(b.shape[0], in_features)
     outs, extra = _extra_bytes_by_setting(
         monkeypatch, {"by_residue": {}, "b_copied": {"TORCH_WMMAE_B_BY_RESIDUE": "0"}},
         lambda: corrected_matmul(a, b, method=method))
@@ -1546,7 +1551,7 @@ def test_extra_memory_of_a_batched_operand_by_residue(monkeypatch, method):
     gen = torch.Generator(device="cuda").manual_seed(1023)
     a = torch.randn(batch, m, k, device="cuda", generator=gen)
     b = torch.randn(batch, k, n, device="cuda", generator=gen)
-    a_bytes, padded_bytes = a.numel() * 4, batch * m * ((k + 3) // 4 * 4) * 4
+    a_bytes, padded_bytes = a.numel() * 4, _padded_copy_bytes(batch * m, k)
     outs, extra = _extra_bytes_by_setting(
         monkeypatch, {"by_residue": {}, "copied": {"TORCH_WMMAE_A_BY_RESIDUE": "0"}},
         lambda: corrected_matmul(a, b, method=method))
@@ -1585,8 +1590,8 @@ def test_extra_memory_of_batched_operands_at_other_residues(monkeypatch, method,
     gen = torch.Generator(device="cuda").manual_seed(511)
     a = torch.randn(a_shape, device="cuda", generator=gen)
     b = torch.randn(b_shape, device="cuda", generator=gen)
-    padded = {"TORCH_WMMAE_A_BY_RESIDUE": a.numel() // a.shape[-1] * ((a.shape[-1] + 3) // 4 * 4) * 4,
-              "TORCH_WMMAE_B_BY_RESIDUE": b.numel() // b.shape[-1] * ((b.shape[-1] + 3) // 4 * 4) * 4}
+    padded = {"TORCH_WMMAE_A_BY_RESIDUE": _padded_copy_bytes(a.numel() // a.shape[-1], a.shape[-1]),
+              "TORCH_WMMAE_B_BY_RESIDUE": _padded_copy_bytes(b.numel() // b.shape[-1], b.shape[-1])}
     a_bytes, padded_bytes = a.numel() * 4, sum(padded[name] for name in copy_switches)
     outs, extra = _extra_bytes_by_setting(
         monkeypatch, {"by_residue_class": {"TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "1"}, "copied": copy_switches},
@@ -1618,7 +1623,7 @@ def test_batch_residue_classes_by_default(monkeypatch, shape):
     gen = torch.Generator(device="cuda").manual_seed(m + k)
     a = torch.randn(batch, m, k, device="cuda", generator=gen)
     b = torch.randn(batch, k, n, device="cuda", generator=gen)
-    a_bytes, padded_bytes = a.numel() * 4, batch * m * ((k + 3) // 4 * 4) * 4
+    a_bytes, padded_bytes = a.numel() * 4, _padded_copy_bytes(batch * m, k)
     outs, extra = _extra_bytes_by_setting(
         monkeypatch, {"default": {}, "copied": {"TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "0"}},
         lambda: corrected_matmul(a, b))
