@@ -306,9 +306,9 @@ struct PrepassArgs {
   std::int64_t blocks[2];      // blocks per operand (0: none)
   std::int64_t line_blocks[2];  // strided lines: blocks across the lines (the rest of blocks[i] along them)
   float* zero;                 // the output to zero, or null
-  std::int64_t zero_count;     // floats to zero: zero_entries entries of zero_entry floats each,
+  std::int64_t zero_count;     // floats to zero: whole entries of zero_entry floats each,
   std::int64_t zero_entry;     // zero_entry_stride floats apart (a batch residue class's entries are
-  std::int64_t zero_entry_stride;  // 4 apart: split_batch_reads_in_place)
+  std::int64_t zero_entry_stride;  // 4 entries apart: split_batch_reads_in_place)
 };
 
 // Block `block` of the blocks that one operand's lines take (line_blocks: see PrepassArgs).
