@@ -1241,6 +1241,26 @@ def test_compile_backward_keeps_shapes_dynamic(device, gen):
     torch.autograd.grad(torch.compile(loss, fullgraph=True)(x), (x, w1, w2))
 
 
+def test_compile_backward_of_a_batched_input_times_a_weight(device, gen):
+    """x [batch, 5, 16] @ w [16, 24], whose weight gradient sums over the batch as one product of batch x 5 rows,
+    compiled over changing batch sizes: eager's gradients, and no graph per batch size."""
+    torch._dynamo.reset()
+    w = random_tensor(gen, (16, 24), "normal", device).requires_grad_()
+
+    def loss(x):
+        return corrected_matmul(x, w).tanh().square().mean()
+
+    graphs = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(loss, backend=graphs, fullgraph=True)
+    for batch in range(2, 10):
+        x = random_tensor(gen, (batch, 5, 16), "normal", device).requires_grad_()
+        got = torch.autograd.grad(compiled(x), (x, w))
+        want = torch.autograd.grad(loss(x), (x, w))
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-6, atol=0)
+    assert graphs.frame_count <= 2, f"{graphs.frame_count} graphs for 8 batch sizes"
+
+
 def test_compile_with_data_dependent_batch_sizes(device, gen):
     """A batch size known only when the graph runs (a boolean mask's count: an unbacked symbol): the fake kernel
     must not guard on whether it is 1 (the guard cannot be decided and fullgraph=True fails), as torch.matmul's
@@ -1510,6 +1530,25 @@ def test_extra_memory_of_x_at_w_t_with_an_odd_k(monkeypatch, method):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("a_shape", [(8, 256, 1024), (2, 4, 256, 1024)], ids=["3d", "4d"])
+def test_gradient_of_a_broadcast_weight_takes_no_batch_of_products(method, a_shape):
+    """The gradient of b in a @ b with b one matrix broadcast over a's batch (x @ W) is a^T @ grad summed over the
+    batch: one product of a's 2048 rows, not 8 products of 1024 x 1024 summed afterwards (a 32 MiB temporary):
+    besides the gradient, within the 3% bound of test_extra_memory_is_a_few_percent_of_a; float64's sum."""
+    gen = torch.Generator(device="cuda").manual_seed(2048)
+    a = torch.randn(a_shape, device="cuda", generator=gen)
+    b = torch.randn(1024, 1024, device="cuda", generator=gen).requires_grad_()
+    out = corrected_matmul(a, b, method=method)
+    grad = torch.randn(out.shape, device="cuda", generator=gen)
+    grad_b, extra = _call_and_extra_bytes(lambda: torch.autograd.grad(out, b, grad)[0])
+    assert extra <= 0.03 * a.numel() * 4, (extra, a.numel() * 4)
+    ref = a.double().reshape(-1, 1024).t() @ grad.double().reshape(-1, 1024)
+    assert rel_err(grad_b, ref) < 1e-6
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("product", ["grad_at_w", "grad_t_at_x"])
 def test_extra_memory_of_a_backward_pass_with_an_odd_width(monkeypatch, method, product):
     """The backward pass of a linear layer with an odd in_features (1023): grad_x = grad @ W and grad_W = grad.t() @ x
@@ -1587,6 +1626,7 @@ def test_extra_memory_of_batched_operands_at_other_residues(monkeypatch, method,
     if not runs_sm90_gemm():
         pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
     a_shape, b_shape, copy_switches = OTHER_RESIDUE_OPERANDS[operands]
+    monkeypatch.setenv("TORCH_WMMAE_FOLD_BATCH", "0")  # (else the broadcast B's call is one product of 5 x 511 rows)
     gen = torch.Generator(device="cuda").manual_seed(511)
     a = torch.randn(a_shape, device="cuda", generator=gen)
     b = torch.randn(b_shape, device="cuda", generator=gen)
@@ -1602,6 +1642,30 @@ def test_extra_memory_of_batched_operands_at_other_residues(monkeypatch, method,
     ref = torch.matmul(a.double(), b.double())
     for entry in range(a.shape[0]):
         assert rel_err(outs["by_residue_class"][entry], ref[entry]) < 1e-6, entry
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_folded_batch_reads_an_odd_stride_batch_in_place(monkeypatch, method):
+    """x @ W.t() with x of [5, 511, 1023] (a batch stride of 511 x 1023 floats, not 16 bytes; rows of 1023 floats):
+    folded, A is one matrix of 2555 rows that H100 and H200 read by residue of its rows, within the 3% bound of
+    test_extra_memory_is_a_few_percent_of_a, where the kept batch copies A (its residue classes would have fewer
+    than 4 waves of tiles each: TORCH_WMMAE_BATCH_RESIDUE_CLASSES unset) into rows padded to 16 bytes."""
+    if not runs_sm90_gemm():
+        pytest.skip("the copies are for the sm_90a GEMM's TMA stages (H100/H200)")
+    monkeypatch.delenv("TORCH_WMMAE_BATCH_RESIDUE_CLASSES", raising=False)
+    gen = torch.Generator(device="cuda").manual_seed(511)
+    x = torch.randn(5, 511, 1023, device="cuda", generator=gen)
+    w = torch.randn(512, 1023, device="cuda", generator=gen)
+    x_bytes, padded_bytes = x.numel() * 4, _padded_copy_bytes(5 * 511, 1023)
+    outs, extra = _extra_bytes_by_setting(monkeypatch, {"folded": {}, "kept": {"TORCH_WMMAE_FOLD_BATCH": "0"}},
+                                          lambda: corrected_matmul(x, w.t(), method=method))
+    assert extra["folded"] <= 0.03 * x_bytes, (extra, x_bytes)
+    assert padded_bytes <= extra["kept"] <= padded_bytes + 0.03 * x_bytes, (extra, x_bytes)
+    ref = torch.matmul(x.double(), w.t().double())
+    for setting, out in outs.items():
+        assert rel_err(out, ref) < 1e-6, setting
 
 
 @requires_cuda

@@ -46,6 +46,13 @@ GEMM_TARGETS = ["cpu", *[pytest.param(name, marks=[requires_cuda, pytest.mark.gp
                                       "cuda_portable_a100_smem")]]
 
 
+@pytest.fixture(autouse=True)
+def _batch_kept(monkeypatch):
+    """The batched kernels' paths, as each case names them: a b broadcast over a packed batch would otherwise fold into
+    one product of batch x M rows (the 2-D cases' paths), except in the tests of that fold, which unset this."""
+    monkeypatch.setenv("TORCH_WMMAE_FOLD_BATCH", "0")
+
+
 @pytest.fixture(params=GEMM_TARGETS)
 def gemm_device(request, monkeypatch) -> str:
     """The device of a corrected_matmul call, with the GEMM kernel family selected."""
@@ -2126,6 +2133,65 @@ def test_small_gemm_where_the_tile_gemms_read_no_copies(gen, monkeypatch, switch
         assert len(ran) == 1 and SMALL_GEMM_KERNEL in ran[0], ran
         ran = _own_kernels(kernels["1"])
         assert len(ran) == 1 and TMA_KERNEL.search(ran[0]) is not None, ran
+
+
+# --------------------------------------------------------------------------------------------------------
+# corrected_matmul with b broadcast over a's packed batch: one matrix product of batch x M rows (fold_batch_into_rows)
+# --------------------------------------------------------------------------------------------------------
+FOLD_SWITCH = "TORCH_WMMAE_FOLD_BATCH"
+
+
+def _fold_case(gen, case):
+    """(a, b) of a case: b one matrix (or vector) broadcast over a's batch, a's entries packed rows or not."""
+    normal = lambda *shape: random_tensor(gen, shape, "normal", "cuda")
+    if case == "x_at_w_t":  # column-major b, as the W.t() of a linear layer
+        return normal(4, 130, 72), normal(136, 72).t()
+    if case == "odd_batch_stride":  # 77 x 33 floats per entry: no batch stride of 16 bytes
+        return normal(5, 77, 33), normal(33, 40)
+    if case == "one_row_per_entry":  # M = 1, entries 5 rows apart (any batch stride folds)
+        return normal(7, 5, 40)[:, 2:3], normal(40, 50)
+    if case == "two_batch_dims":  # (2, 3) merge into one batch of 6
+        return normal(2, 3, 50, 64), normal(64, 70)
+    if case == "storage_offsets":
+        return normal(4 * 60 * 48 + 3)[3:].view(4, 60, 48), normal(49, 30)[1:]
+    if case == "matrix_vector":  # a 1-D b: out [6, 100]
+        return normal(6, 100, 64), normal(64)
+    if case == "column_major_a_of_k_1":  # a's rows 1 float apart: [5 x 40, 1] with row stride 1
+        return normal(5, 1, 40).transpose(-1, -2), normal(1, 30)
+    if case == "entries_not_packed":  # every other entry of a: the batch stays
+        return normal(8, 40, 36)[::2], normal(36, 20)
+    if case == "broadcast_a":  # a broadcast too (batch stride 0, M > 1): the batch stays
+        return normal(1, 60, 48).expand(3, 60, 48), normal(48, 30)
+    raise ValueError(case)
+
+
+FOLD_CASES = ["x_at_w_t", "odd_batch_stride", "one_row_per_entry", "two_batch_dims", "storage_offsets",
+              "matrix_vector", "column_major_a_of_k_1", "entries_not_packed", "broadcast_a"]
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case", FOLD_CASES)
+def test_corrected_matmul_folds_the_batch_into_rows(gen, monkeypatch, case, method):
+    """Where b is one matrix broadcast over a's batch and a's entries are its rows continued (one batch stride of M
+    rows, or M = 1), the call is one product of batch x M rows (as torch.matmul's): into a NaN-poisoned pool, within
+    the float32 bound, folded (the default) and with the batch kept (TORCH_WMMAE_FOLD_BATCH=0), and both within 2^-20
+    of each other; a's and b's values untouched. The cases where the batch cannot fold run the batched kernels."""
+    a, b = _fold_case(gen, case)
+    a_before, b_before = a.clone(), b.clone()
+    outs = {}
+    for setting in ("folded", "kept"):
+        if setting == "folded":
+            monkeypatch.delenv(FOLD_SWITCH, raising=False)
+        else:
+            monkeypatch.setenv(FOLD_SWITCH, "0")
+        with poisoned_cuda_pool(float("nan")):
+            outs[setting] = torch_wmmae.corrected_matmul(a, b, method=method)
+        assert outs[setting].shape == torch.matmul(a, b).shape
+        assert_matmul_within_dot_product_bound(outs[setting], a, b, f"{case} {setting}")
+    assert torch.equal(a, a_before) and torch.equal(b, b_before)
+    assert rel_err(outs["folded"], outs["kept"].double()) < 2**-20
 
 
 IN_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}

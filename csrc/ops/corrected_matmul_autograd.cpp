@@ -62,7 +62,17 @@ struct CorrectedMatmulBackward : public torch::autograd::Node {
     if (should_compute_output(1)) {
       const at::Tensor a = a_.unpack(shared_from_this());
       const at::Tensor a2 = a_is_vector_ ? a.unsqueeze(0) : a;
-      at::Tensor grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method_), b_sizes_);
+      at::Tensor grad_b;
+      if (b_sizes_.size() == 2 && a2.dim() > 2) {
+        // b one matrix broadcast over a's batch (x @ W): the sum over the batch is one product of a's rows, as
+        // [K, batch x M] @ [batch x M, N], not batch products of K x N summed afterwards (a temporary the size of
+        // b times the batch).
+        const at::Tensor a_rows = a2.reshape_symint({-1, a2.sym_size(-1)});
+        const at::Tensor grad_rows = grad.reshape_symint({-1, grad.sym_size(-1)});
+        grad_b = call_corrected_matmul(a_rows.transpose(0, 1), grad_rows, method_);
+      } else {
+        grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method_), b_sizes_);
+      }
       grad_inputs[1] = b_is_vector_ ? grad_b.squeeze(-1) : grad_b;
     }
     return grad_inputs;
