@@ -1471,6 +1471,37 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
 
 @requires_cuda
 @pytest.mark.gpu
+def test_first_call_on_a_new_thread_reads_in_place():
+    """A thread's first CUDA call on device 0 finds no context current (its device is 0 already, so the device guard
+    sets nothing), and H100/H200's TMA maps are encoded by the driver, which needs one: the op makes its device's
+    context current once per thread, so that a fresh thread's first call (autograd's device thread in a process's
+    first backward pass) reads its operands in place like any other, not copies of them: within the 3% bound of
+    test_extra_memory_is_a_few_percent_of_a, float64's product."""
+    import threading
+
+    gen = torch.Generator(device="cuda").manual_seed(2049)
+    a = torch.randn(2048, 1024, device="cuda", generator=gen)
+    b = torch.randn(1024, 1024, device="cuda", generator=gen)
+    corrected_matmul(a, b)  # (the process's first call: anything loaded once is loaded)
+    outs = []
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_stats()["requested_bytes.all.current"]
+    # (the thread makes no other CUDA call: synchronizing or creating tensors there would make the context current)
+    thread = threading.Thread(target=lambda: outs.append(corrected_matmul(a, b)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    assert len(outs) == 1, "the call on the thread raised"
+    assert stats["requested_bytes.all.current"] - before >= outs[0].numel() * 4
+    extra = stats["requested_bytes.all.peak"] - stats["requested_bytes.all.current"]
+    assert extra <= 0.03 * a.numel() * 4, (extra, a.numel() * 4)
+    assert rel_err(outs[0], a.double() @ b.double()) < 1e-6
+
+
+@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
 def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, method):
     """Where TMA cannot read an operand with one map (here A, whose rows of K = 4097 floats are not 16-byte aligned),

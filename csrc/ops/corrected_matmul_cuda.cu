@@ -1613,11 +1613,25 @@ void run_corrected_gemm(MatmulPlan plan, const at::Tensor& out, std::int64_t fir
   }
 }
 
+// The guard sets the device only where it differs from the thread's current one, and a thread's current device is 0
+// before its first CUDA call, with no context current: so a thread's first call on device 0 may reach the driver's
+// tensor-map encoder (cuTensorMapEncodeTiled), which needs a current context, before any runtime call made one
+// current. There it failed, and the call copied its operands (the first backward pass of a process, on autograd's
+// device thread; H200, session 113). Once per thread the device is set regardless, which makes its context current.
+void make_context_current_once_per_thread(c10::DeviceIndex device) {
+  thread_local bool done = false;
+  if (!done) {
+    C10_CUDA_CHECK(c10::cuda::SetDevice(device, /*force=*/true));
+    done = true;
+  }
+}
+
 at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in, c10::string_view method_name) {
   const Method method = method_from_string(std::string(method_name));
   MatmulPlan plan = plan_matmul(a_in, b_in, "corrected_matmul");  // checks dtypes, devices and shapes first
   TORCH_CHECK(a_in.is_cuda(), "corrected_matmul: argument 'a' must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(a_in.device());
+  make_context_current_once_per_thread(a_in.device().index());
   // Allocated in its final shape (the same memory as [batch, m, n], contiguous), so no view is made per call.
   at::Tensor out = at::empty(plan.out_shape, a_in.options());
   if (out.numel() == 0) return out;
