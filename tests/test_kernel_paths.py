@@ -2162,11 +2162,13 @@ def _fold_case(gen, case):
         return normal(8, 40, 36)[::2], normal(36, 20)
     if case == "broadcast_a":  # a broadcast too (batch stride 0, M > 1): the batch stays
         return normal(1, 60, 48).expand(3, 60, 48), normal(48, 30)
+    if case == "broadcast_a_of_one_row":  # M = 1 and a batch stride of 0: the batch stays (rows 0 apart: no TMA)
+        return normal(1, 1, 48).expand(5, 1, 48), normal(48, 30)
     raise ValueError(case)
 
 
 FOLD_CASES = ["x_at_w_t", "odd_batch_stride", "one_row_per_entry", "two_batch_dims", "storage_offsets",
-              "matrix_vector", "column_major_a_of_k_1", "entries_not_packed", "broadcast_a"]
+              "matrix_vector", "column_major_a_of_k_1", "entries_not_packed", "broadcast_a", "broadcast_a_of_one_row"]
 
 
 @requires_cuda

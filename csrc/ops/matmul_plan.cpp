@@ -122,7 +122,8 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 // 1024^3 150 / 146; those keep their batch.
 bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t l2_bytes) {
   const BatchStrides& bs = plan.batch_strides;
-  if (plan.batch < 2 || bs.ndim != 1 || bs.b_stride[0] != 0) return false;
+  // (a broadcast too, a batch stride of 0, would fold into rows 0 apart, which TMA cannot read: copied)
+  if (plan.batch < 2 || bs.ndim != 1 || bs.b_stride[0] != 0 || bs.a_stride[0] == 0) return false;
   const at::Tensor& a = plan.a;
   const std::int64_t row_stride = plan.m == 1 ? bs.a_stride[0] : a.stride(-2);
   if (bs.a_stride[0] != plan.m * row_stride) return false;
