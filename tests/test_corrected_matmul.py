@@ -1241,6 +1241,23 @@ def test_compile_backward_keeps_shapes_dynamic(device, gen):
     torch.autograd.grad(torch.compile(loss, fullgraph=True)(x), (x, w1, w2))
 
 
+@pytest.mark.parametrize("shapes", [((2, 3, 0), (0, 4)), ((2, 3, 5), (5, 0)), ((0, 3, 5), (5, 4)), ((2, 3, 0), (0,)),
+                                    ((2, 0, 5), (5, 4))], ids=["k0", "n0", "batch0", "k0_vector", "m0"])
+def test_gradient_of_a_broadcast_weight_with_empty_dimensions(device, gen, shapes):
+    """x @ W with a size 0 in x's batch, M, K or N: the gradients have the operands' shapes, zeros where an empty sum
+    makes them, as torch.matmul's."""
+    x = random_tensor(gen, shapes[0], "normal", device).requires_grad_()
+    w = random_tensor(gen, shapes[1], "normal", device).requires_grad_()
+    out = corrected_matmul(x, w)
+    grad = random_tensor(gen, out.shape, "normal", device)
+    got = torch.autograd.grad(out, (x, w), grad)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = torch.autograd.grad(torch.matmul(x64, w64), (x64, w64), grad.double())
+    for g, e in zip(got, want):
+        assert g.shape == e.shape and g.dtype == torch.float32
+        assert torch.equal(g.double(), e)  # (empty, or sums of no terms: zeros)
+
+
 def test_compile_backward_of_a_batched_input_times_a_weight(device, gen):
     """x [batch, 5, 16] @ w [16, 24], whose weight gradient sums over the batch as one product of batch x 5 rows,
     compiled over changing batch sizes: eager's gradients, and no graph per batch size."""
@@ -1478,6 +1495,9 @@ def test_first_call_on_a_new_thread_reads_in_place():
     first backward pass) reads its operands in place like any other, not copies of them: within the 3% bound of
     test_extra_memory_is_a_few_percent_of_a, float64's product."""
     import threading
+
+    if not runs_sm90_gemm():
+        pytest.skip("TMA maps are for the sm_90a GEMM (H100/H200)")
 
     gen = torch.Generator(device="cuda").manual_seed(2049)
     a = torch.randn(2048, 1024, device="cuda", generator=gen)

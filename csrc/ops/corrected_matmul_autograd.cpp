@@ -8,7 +8,9 @@
 // or without gradients, and cost the host 6-10 us per call (H200 machine; benchmarks/NOTES.md), which is what
 // decides the speed of small products. Here a call that records no gradient only redispatches, and LibTorch
 // programs get the gradients as well.
+#include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/TensorUtils.h>
 #include <torch/library.h>
 
 #include <string>
@@ -29,6 +31,15 @@ std::vector<c10::SymInt> matrix_sym_sizes(const at::Tensor& x, int64_t vector_di
   std::vector<c10::SymInt> sizes = x.sym_sizes().vec();
   if (x.dim() == 1) sizes.insert(sizes.begin() + vector_dim, c10::SymInt(1));
   return sizes;
+}
+
+// t ([*, rows, cols]) as the matrix [product of its leading sizes, cols] where that is a view of it, else undefined.
+// (The sizes are given, not -1: a tensor of no elements has no size to infer.)
+at::Tensor rows_view(const at::Tensor& t) {
+  c10::SymInt rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows = rows * t.sym_size(d);
+  const std::vector<c10::SymInt> shape{rows, t.sym_size(-1)};
+  return at::detail::computeStride(t.sym_sizes(), t.sym_strides(), shape) ? t.view_symint(shape) : at::Tensor();
 }
 
 struct CorrectedMatmulBackward : public torch::autograd::Node {
@@ -62,13 +73,16 @@ struct CorrectedMatmulBackward : public torch::autograd::Node {
     if (should_compute_output(1)) {
       const at::Tensor a = a_.unpack(shared_from_this());
       const at::Tensor a2 = a_is_vector_ ? a.unsqueeze(0) : a;
+      // b one matrix broadcast over a's batch (x @ W): the sum over the batch is one product of a's rows, as
+      // [K, batch x M] @ [batch x M, N], not batch products of K x N summed afterwards (a temporary the size of b
+      // times the batch), where a's and grad's rows are views (no copy) and not in deterministic mode (no split-K
+      // there: a W of few output tiles would be few blocks, each over all batch x M rows).
+      const bool one_product = b_sizes_.size() == 2 && a2.dim() > 2 &&
+                               !at::globalContext().deterministicAlgorithms();
+      const at::Tensor a_rows = one_product ? rows_view(a2) : at::Tensor();
+      const at::Tensor grad_rows = a_rows.defined() ? rows_view(grad) : at::Tensor();
       at::Tensor grad_b;
-      if (b_sizes_.size() == 2 && a2.dim() > 2) {
-        // b one matrix broadcast over a's batch (x @ W): the sum over the batch is one product of a's rows, as
-        // [K, batch x M] @ [batch x M, N], not batch products of K x N summed afterwards (a temporary the size of
-        // b times the batch).
-        const at::Tensor a_rows = a2.reshape_symint({-1, a2.sym_size(-1)});
-        const at::Tensor grad_rows = grad.reshape_symint({-1, grad.sym_size(-1)});
+      if (grad_rows.defined()) {
         grad_b = call_corrected_matmul(a_rows.transpose(0, 1), grad_rows, method_);
       } else {
         grad_b = at::sum_to(call_corrected_matmul(a2.transpose(-1, -2), grad, method_), b_sizes_);
