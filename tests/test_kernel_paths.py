@@ -2177,9 +2177,11 @@ FOLD_CASES = ["x_at_w_t", "odd_batch_stride", "one_row_per_entry", "two_batch_di
 @pytest.mark.parametrize("case", FOLD_CASES)
 def test_corrected_matmul_folds_the_batch_into_rows(gen, monkeypatch, case, method):
     """Where b is one matrix broadcast over a's batch and a's entries are its rows continued (one batch stride of M
-    rows, or M = 1), the call is one product of batch x M rows (as torch.matmul's): into a NaN-poisoned pool, within
-    the float32 bound, folded (the default) and with the batch kept (TORCH_WMMAE_FOLD_BATCH=0), and both within 2^-20
-    of each other; a's and b's values untouched. The cases where the batch cannot fold run the batched kernels."""
+    rows, or M = 1), the call is one product of batch x M rows (as torch.matmul's); the cases with a's entries not
+    packed or a broadcast too keep their batch. Here each case is correct both ways, folded (the default) and with the
+    batch kept (TORCH_WMMAE_FOLD_BATCH=0): into a NaN-poisoned pool, within the float32 bound, within 2^-20 of each
+    other, a's and b's values untouched. (Which way a call went shows in its memory only:
+    test_folded_batch_reads_an_odd_stride_batch_in_place.)"""
     a, b = _fold_case(gen, case)
     a_before, b_before = a.clone(), b.clone()
     outs = {}

@@ -114,12 +114,13 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 // Folded, the tiles run on across the entries' boundaries (no partial tile per entry), B's column ranges are found
 // once, an A whose batch stride is not a multiple of 16 bytes is one matrix that the GEMM reads by residue of its
 // rows, and the 2-D rules (split-K, stream-K, tile groups) plan the whole product. H200, session 113, us per
-// call back to back, auto, folded / batch kept (torch fp32), x @ W.t(): 16 x 1 x 4096 x 4096 62.6 / 722 (51.5), 256 x 7
-// x 1024 x 1024 (W row-major) 44.6 / 774 (99.8), 32 x 128 x 4096 x 4096 945 / 1690 (2748), 8 x 1025 x 1024 x 1023 185 /
-// 217 (350), 64 x 100 x 1000 x 1000 135 / 178 (329), 1000 x 16 x 16 x 64 9.9 / 13.8 (5.8). Entries of whole 128-row
-// tiles gain none of the first two, and where the batched grid runs the persistent batch schedule
-// (persistent_batch_slots, which a 2-D grid does not have) it was the faster: 64 x 512^3 (W row-major) 184 / 162, 8 x
-// 1024^3 150 / 146; those keep their batch.
+// call back to back, auto, folded / batch kept (torch fp32), x @ W.t(): 16 x 1 x 4096 x 4096 62.1 / 719 (50.7), 256 x 7
+// x 1024 x 1024 (W row-major) 44.5 / 762 (99.4), 32 x 128 x 4096 x 4096 943 / 1671 (2745), 8 x 1025 x 1024 x 1023 185 /
+// 217 (350), 64 x 100 x 1000 x 1000 136 / 179 (329), 1000 x 16 x 16 x 64 9.9 / 13.8 (5.6). Entries of whole 128-row
+// tiles gain none of the first two, and where the batched plan takes persistent batch slots (persistent_batch_slots,
+// which a 2-D grid does not have; the fp16 wgmma GEMM with TMA stages runs them) the batch was the faster: 64 x 512^3
+// (W row-major) 184 / 162, 8 x 1024^3 150 / 146; those keep their batch (for every method and GPU: the other
+// kernels' batched grids were not measured against the fold).
 bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t l2_bytes) {
   const BatchStrides& bs = plan.batch_strides;
   // (a broadcast too, a batch stride of 0, would fold into rows 0 apart, which TMA cannot read: copied)

@@ -56,10 +56,11 @@ WMMAE_HD inline void batch_offsets(const BatchStrides& bs, std::int64_t z, std::
 MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_name);
 
 // Where b is one matrix broadcast over the batch and a's batch entries are its rows continued (one batch stride of
-// M rows, or any stride where M = 1, as the [batch, M, K] input of x @ W.t()), the product is the single matrix
-// product [batch x M, K] @ [K, N], whose output is the same memory as [batch, M, N] (torch.matmul folds it so too):
-// plans it so (out_shape kept) and returns true, unless the batched grid is the faster one (see the definition);
-// otherwise leaves plan as it is. sm_count and l2_bytes as for plan_gemm_grid.
+// M rows, or any nonzero stride where M = 1, as the [batch, M, K] input of x @ W.t()), the product is the single
+// matrix product [batch x M, K] @ [K, N], whose output is the same memory as [batch, M, N] (torch.matmul folds it
+// so too): plans it so (out_shape kept) and returns true, except where M is a multiple of 128 and the batched plan
+// takes persistent batch slots (see the definition); otherwise leaves plan as it is. sm_count and l2_bytes as for
+// plan_gemm_grid.
 bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t l2_bytes);
 
 // The CUDA GEMM's grid: kGemmTile x kGemmTile output tiles per batch entry (the grid's z extent takes at most
