@@ -1503,21 +1503,19 @@ def test_first_call_on_a_new_thread_reads_in_place():
     a = torch.randn(2048, 1024, device="cuda", generator=gen)
     b = torch.randn(1024, 1024, device="cuda", generator=gen)
     corrected_matmul(a, b)  # (the process's first call: anything loaded once is loaded)
-    outs = []
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_stats()["requested_bytes.all.current"]
-    # (the thread makes no other CUDA call: synchronizing or creating tensors there would make the context current)
-    thread = threading.Thread(target=lambda: outs.append(corrected_matmul(a, b)))
-    thread.start()
-    thread.join()
-    torch.cuda.synchronize()
-    stats = torch.cuda.memory_stats()
-    assert len(outs) == 1, "the call on the thread raised"
-    assert stats["requested_bytes.all.current"] - before >= outs[0].numel() * 4
-    extra = stats["requested_bytes.all.peak"] - stats["requested_bytes.all.current"]
+
+    def on_a_new_thread():
+        # (the thread makes no other CUDA call: synchronizing or creating tensors there would make the context current)
+        outs = []
+        thread = threading.Thread(target=lambda: outs.append(corrected_matmul(a, b)))
+        thread.start()
+        thread.join()
+        assert len(outs) == 1, "the call on the thread raised"
+        return outs[0]
+
+    out, extra = _call_and_extra_bytes(on_a_new_thread)
     assert extra <= 0.03 * a.numel() * 4, (extra, a.numel() * 4)
-    assert rel_err(outs[0], a.double() @ b.double()) < 1e-6
+    assert rel_err(out, a.double() @ b.double()) < 1e-6
 
 
 @requires_cuda

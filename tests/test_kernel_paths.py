@@ -46,11 +46,14 @@ GEMM_TARGETS = ["cpu", *[pytest.param(name, marks=[requires_cuda, pytest.mark.gp
                                       "cuda_portable_a100_smem")]]
 
 
+FOLD_SWITCH = "TORCH_WMMAE_FOLD_BATCH"
+
+
 @pytest.fixture(autouse=True)
 def _batch_kept(monkeypatch):
     """The batched kernels' paths, as each case names them: a b broadcast over a packed batch would otherwise fold into
     one product of batch x M rows (the 2-D cases' paths), except in the tests of that fold, which unset this."""
-    monkeypatch.setenv("TORCH_WMMAE_FOLD_BATCH", "0")
+    monkeypatch.setenv(FOLD_SWITCH, "0")
 
 
 @pytest.fixture(params=GEMM_TARGETS)
@@ -2138,9 +2141,6 @@ def test_small_gemm_where_the_tile_gemms_read_no_copies(gen, monkeypatch, switch
 # --------------------------------------------------------------------------------------------------------
 # corrected_matmul with b broadcast over a's packed batch: one matrix product of batch x M rows (fold_batch_into_rows)
 # --------------------------------------------------------------------------------------------------------
-FOLD_SWITCH = "TORCH_WMMAE_FOLD_BATCH"
-
-
 def _fold_case(gen, case):
     """(a, b) of a case: b one matrix (or vector) broadcast over a's batch, a's entries packed rows or not."""
     normal = lambda *shape: random_tensor(gen, shape, "normal", "cuda")
