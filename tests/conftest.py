@@ -102,12 +102,14 @@ def leaves(tree) -> list:
     return torch.utils._pytree.tree_leaves(tree)
 
 
-def assert_node_saves_only_the_other_operand(op, operands, differentiated: int, check_gradient) -> None:
+def assert_node_saves_only_the_other_operand(op, operands, differentiated: int, check_gradient,
+                                             gen: torch.Generator) -> None:
     """op(*operands) with only operands[differentiated] needing a gradient (both are non-leaves, so that they
     may change in place): its graph node saves one tensor, the other operand, which that gradient reads. The
-    differentiated operand may then change in place and the backward still runs; check_gradient(saved) then
-    checks the gradient against the saved operand's values (float64, on the CPU). A change of the saved
-    operand is refused, as for torch.matmul."""
+    differentiated operand may then change in place and the backward still runs; check_gradient(saved, grad_out)
+    then checks the gradient against the saved operand's values and the output's gradient (both float64, on the
+    CPU; the output's gradient drawn from gen, so that a transposed or permuted product cannot pass as it could
+    with out.sum()'s ones). A change of the saved operand is refused, as for torch.matmul."""
     saved_operand = operands[1 - differentiated]
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
@@ -115,8 +117,9 @@ def assert_node_saves_only_the_other_operand(op, operands, differentiated: int, 
     assert len(packed) == 1 and packed[0].data_ptr() == saved_operand.data_ptr()
     saved = saved_operand.detach().cpu().double()
     operands[differentiated].add_(1.0)
-    out.sum().backward()
-    check_gradient(saved)
+    grad_out = random_tensor(gen, out.shape, "normal", out.device, out.dtype)
+    out.backward(grad_out)
+    check_gradient(saved, grad_out.double().cpu())
     out = op(*operands)
     saved_operand.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):

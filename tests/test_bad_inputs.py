@@ -327,7 +327,8 @@ def test_fragment_map_tables_that_do_not_exist(gen, use, dtype, layout, arch):
 
 @pytest.mark.skipif(torch_wmmae.has_cuda_kernels(), reason="this build has the CUDA kernels")
 def test_fragment_map_on_cuda_without_cuda_kernels(gen):
-    """A build without the CUDA kernels (or a machine without a GPU) says so when asked to measure a GPU."""
+    """A build without the CUDA kernels (or a machine without a GPU) says so when asked to measure a GPU. (Runs on
+    a CPU-only build; CI's build has the kernels, and test_package.py's sdist test checks its CPU-only build.)"""
     with pytest.raises(RuntimeError, match=r"this build of torch_wmmae has no CUDA kernels"):
         fragment_map(*GOOD, device="cuda:0")
     assert_device_still_usable("cpu", gen)

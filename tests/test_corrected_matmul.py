@@ -372,6 +372,10 @@ def test_more_batch_dimensions_than_the_kernels_take(device, gen, case):
     assert out.shape == torch.matmul(a, b).shape
 
 
+# What corrected_matmul says where torch.matmul refuses the shapes (plan_matmul's checks).
+_SHAPE_MISMATCH = r"corrected_matmul: (inner dimensions do not match|the batch dimensions of 'a' .* do not broadcast)"
+
+
 def _st_matmul_case():
     @st.composite
     def case(draw):
@@ -410,7 +414,7 @@ def test_random_shapes_follow_torch_matmul(device, case):
     try:
         expected = torch.matmul(a, b)
     except RuntimeError:
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match=_SHAPE_MISMATCH):
             corrected_matmul(a, b, method=method)
         return
     out = corrected_matmul(a, b, method=method)
@@ -976,10 +980,11 @@ def test_gradients_match_float64(device, gen, method, case):
 def test_gradient_of_one_operand(device, gen, which):
     a = random_tensor(gen, (5, 18), "normal", device).requires_grad_(which == "a")
     b = random_tensor(gen, (18, 4), "normal", device).requires_grad_(which == "b")
-    corrected_matmul(a, b).sum().backward()
+    grad_out = random_tensor(gen, (5, 4), "normal", device)  # (not sum()'s ones: a transposed product would pass)
+    corrected_matmul(a, b).backward(grad_out)
     x, other = (a, b) if which == "a" else (b, a)
     assert other.grad is None
-    ref = torch.ones(5, 4, dtype=torch.float64, device=device)
+    ref = grad_out.double()
     expected = ref @ b.detach().double().t() if which == "a" else a.detach().double().t() @ ref
     assert rel_err(x.grad, expected) < 1e-5
 
@@ -990,13 +995,13 @@ def test_node_saves_only_what_the_gradient_reads(device, gen, which):
     saves only the other, and the operand that needs the gradient may change in place after the call."""
     a0 = random_tensor(gen, (5, 18), "normal", device).requires_grad_(which == "a")
     b0 = random_tensor(gen, (18, 4), "normal", device).requires_grad_(which == "b")
-    ones = torch.ones(5, 4, dtype=torch.float64)
 
-    def check_gradient(saved):  # d sum(a b) / da = ones b^T, / db = a^T ones
-        expected = ones @ saved.t() if which == "a" else saved.t() @ ones
+    def check_gradient(saved, grad_out):  # grad_a = grad_out b^T, grad_b = a^T grad_out
+        expected = grad_out @ saved.t() if which == "a" else saved.t() @ grad_out
         assert rel_err((a0 if which == "a" else b0).grad.cpu(), expected) < 1e-5
 
-    assert_node_saves_only_the_other_operand(corrected_matmul, [a0 * 1.0, b0 * 1.0], "ab".index(which), check_gradient)
+    assert_node_saves_only_the_other_operand(corrected_matmul, [a0 * 1.0, b0 * 1.0], "ab".index(which), check_gradient,
+                                             gen)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -1116,7 +1121,7 @@ def test_vmap_random_shapes_follow_torch_matmul(device, case, batch, where):
         for i in range(batch):
             torch.matmul(pick(operands[0], in_dims[0], i), pick(operands[1], in_dims[1], i))
     except RuntimeError:
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match=_SHAPE_MISMATCH):
             torch.func.vmap(lambda x, y: corrected_matmul(x, y, method=method), in_dims=tuple(in_dims))(*operands)
         return
     out = torch.func.vmap(lambda x, y: corrected_matmul(x, y, method=method), in_dims=tuple(in_dims))(*operands)

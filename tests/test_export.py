@@ -195,7 +195,7 @@ _LOAD_SCRIPTED = textwrap.dedent("""
     module = torch.jit.load(sys.argv[1])
     args, want = torch.load(sys.argv[2])
     got = module(*args)
-    sys.exit(0 if all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)) else 1)
+    sys.exit(0 if len(got) == len(want) and all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)) else 1)
 """)
 
 

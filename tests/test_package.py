@@ -189,8 +189,8 @@ def source_files() -> set:
 def test_source_distribution_holds_the_sources_and_builds(tmp_path):
     """`setup.py sdist` packs every source file (the build reads any header under csrc/; the tests read the
     examples, tools and committed results) and no build output or test cache, and the extension builds from the unpacked
-    sdist, carries the device library's headers, and runs. The build is CPU-only to keep the test short: the file
-    check covers the CUDA sources."""
+    sdist, carries the device library's headers, and runs (and, being CPU-only, says so when asked for a GPU). The
+    build is CPU-only to keep the test short: the file check covers the CUDA sources."""
     # From a copy of those files: setuptools also packs whatever an earlier build's egg-info lists.
     checkout = tmp_path / "checkout"
     files = source_files()
@@ -228,14 +228,24 @@ def test_source_distribution_holds_the_sources_and_builds(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     _same_headers(lib / "torch_wmmae" / "include")
-    check = (
-        "import torch, torch_wmmae; "
-        f"assert torch_wmmae.__file__.startswith({str(lib)!r}), torch_wmmae.__file__; "
-        f"assert torch_wmmae.get_include() == {str(lib / 'torch_wmmae' / 'include')!r}, torch_wmmae.get_include(); "
-        "g = torch.Generator().manual_seed(5); a = torch.rand(17, 33, generator=g); b = torch.rand(33, 9, generator=g); "
-        "out = torch_wmmae.corrected_matmul(a, b); ref = (a.double() @ b.double()).float(); "
-        "assert out.shape == (17, 9) and torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (out - ref).abs().max()"
-    )
+    check = textwrap.dedent(f"""
+        import torch, torch_wmmae
+        assert torch_wmmae.__file__.startswith({str(lib)!r}), torch_wmmae.__file__
+        assert torch_wmmae.get_include() == {str(lib / 'torch_wmmae' / 'include')!r}, torch_wmmae.get_include()
+        g = torch.Generator().manual_seed(5)
+        a, b = torch.rand(17, 33, generator=g), torch.rand(33, 9, generator=g)
+        out, ref = torch_wmmae.corrected_matmul(a, b), (a.double() @ b.double()).float()
+        assert out.shape == (17, 9) and torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (out - ref).abs().max()
+        # A CPU-only build says so when asked to measure a GPU (CI's own build has the CUDA kernels, where
+        # test_bad_inputs.py's test of this message skips).
+        assert torch_wmmae.has_cuda_kernels() is False
+        try:
+            torch_wmmae.fragment_map("matrix_a", 16, 16, 16, "half", "row_major", device="cuda:0")
+        except RuntimeError as e:
+            assert "this build of torch_wmmae has no CUDA kernels" in str(e), e
+        else:
+            raise AssertionError("fragment_map measured a GPU without CUDA kernels")
+    """)
     proc = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(lib)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
