@@ -228,3 +228,23 @@ def test_program_built_from_the_source_tree(tmp_path):
     assert (no_kernels in out) == torch.cuda.is_available() and "cpu, 256 x 256 x 256" in out, out
     ours = float(out.split("corrected_matmul relative error vs float64:")[1].split()[0])
     assert ours < 1e-6, out
+
+
+@pytest.mark.skipif(NVCC is None, reason="configuring the CUDA kernels needs nvcc")
+@pytest.mark.parametrize("given", ["unset", "empty", "empty_environment", "9.0"])
+def test_cmake_reads_the_arch_list_as_setup_py(tmp_path, given):
+    """CMakeLists.txt's TORCH_CUDA_ARCH_LIST: an empty one (the CMake variable or the environment variable) is the
+    default, 8.0 and 9.0a (sm_90a: the wgmma kernels), as unset and as in setup.py (test_package.py's
+    test_cuda_arch_lists); 9.0 becomes 9.0a. Read from the configure step's own message (no build)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_ARCH_LIST"}
+    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DTORCH_WMMAE_WITH_CUDA=ON",
+            f"-DCMAKE_CUDA_COMPILER={NVCC}", *_toolkit_args()]
+    if given == "empty":
+        args.append("-DTORCH_CUDA_ARCH_LIST=")
+    elif given == "empty_environment":
+        env["TORCH_CUDA_ARCH_LIST"] = ""
+    elif given != "unset":
+        args.append(f"-DTORCH_CUDA_ARCH_LIST={given}")
+    out = _run(["cmake", "-S", REPO_ROOT, "-B", tmp_path / "build", *args], env=env)
+    want = "9.0a" if given == "9.0" else "8.0;9.0a"
+    assert f"-- torch_wmmae: CUDA architectures {want}\n" in out, out[-3000:]
