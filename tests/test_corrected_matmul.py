@@ -1698,6 +1698,29 @@ def test_extra_memory_of_batched_operands_at_other_residues(monkeypatch, method,
         assert rel_err(outs["by_residue_class"][entry], ref[entry]) < 1e-6, entry
 
 
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("weight", ["w", "w_t"])
+def test_cpu_emulation_folds_the_batch_as_the_gpu(gen, monkeypatch, method, weight):
+    """On the CPU too, x @ W with x of [batch, M, K] is the product of x's batch x M rows (fold_batch_into_rows, as
+    on CUDA), so that the emulation models the folded call's 128-row tiles, which span entries where M is not a
+    multiple of 128, and auto's choice per tile: the bits of corrected_matmul(x.reshape(-1, K), W). With
+    TORCH_WMMAE_FOLD_BATCH=0, each entry's own product. A row spanning 2^120 in entry 1 (rows 100-127 of the
+    folded matrix's first tile) makes auto compute entry 0 with tf32 folded and fp16 kept: the two differ."""
+    x = random_tensor(gen, (3, 100, 64), "normal", "cpu")
+    x[1, 5, :32] *= 2.0**60
+    x[1, 5, 32:] *= 2.0**-60
+    w = random_tensor(gen, (64, 50), "normal", "cpu") if weight == "w" else random_tensor(gen, (50, 64), "normal", "cpu").t()
+    folded = corrected_matmul(x, w, method=method)
+    assert torch.equal(folded, corrected_matmul(x.reshape(-1, 64), w, method=method).view(3, 100, 50))
+    monkeypatch.setenv("TORCH_WMMAE_FOLD_BATCH", "0")
+    kept = corrected_matmul(x, w, method=method)
+    assert torch.equal(kept, torch.stack([corrected_matmul(x[z], w, method=method) for z in range(3)]))
+    assert torch.equal(folded[0], kept[0]) == (method != "auto")
+    ref = torch.matmul(x.double(), w.double())
+    for out in (folded, kept):
+        assert rel_err(out[0], ref[0]) < 1e-6 and rel_err(out[2], ref[2]) < 1e-6
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)

@@ -221,7 +221,10 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
 
 at::Tensor corrected_matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view method_name) {
   const Method method = method_from_string(std::string(method_name));
-  const MatmulPlan plan = plan_matmul(a, b, "corrected_matmul");
+  MatmulPlan plan = plan_matmul(a, b, "corrected_matmul");
+  // As on CUDA, a b broadcast over a's packed batch makes one product of batch x M rows, so that the emulation has
+  // the GPU's tiles, accumulation chunks and auto's per-tile choices (TORCH_WMMAE_FOLD_BATCH=0 keeps the batch).
+  if (!env_is("TORCH_WMMAE_FOLD_BATCH", "0")) fold_batch_into_rows(plan, /*sm_count=*/0, /*l2_bytes=*/0);
   at::Tensor out = at::empty({plan.batch, plan.m, plan.n}, a.options());
   if (out.numel() > 0) {
     const at::Tensor a3 = plan.a.reshape({plan.batch, plan.m, plan.k});

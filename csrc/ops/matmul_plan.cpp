@@ -128,7 +128,7 @@ bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t 
   const at::Tensor& a = plan.a;
   const std::int64_t row_stride = plan.m == 1 ? bs.a_stride[0] : a.stride(-2);
   if (bs.a_stride[0] != plan.m * row_stride) return false;
-  if (plan.m % kGemmTile == 0 &&
+  if (sm_count > 0 && plan.m % kGemmTile == 0 &&
       plan_gemm_grid(plan.m, plan.n, plan.k, plan.batch, sm_count, l2_bytes).persistent_batch_slots > 0) {
     return false;
   }
