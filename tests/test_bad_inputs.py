@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,6 +190,8 @@ OUTER_CASES = {
     "alpha_string": (lambda t: (t(3, 4, dtype=F16), None, "1.0", None), RuntimeError, r"argument 'alpha'"),
     "alpha_none": (lambda t: (t(3, 4, dtype=F16), None, None, None), RuntimeError, r"argument 'alpha'"),
     "alpha_complex": (lambda t: (t(3, 4, dtype=F16), None, 1j, None), RuntimeError, r"argument 'alpha'"),
+    "alpha_beyond_float": (lambda t: (t(3, 4, dtype=F16), None, 10**400, None), (OverflowError, RuntimeError),
+                           r"argument 'alpha'"),
     "u_list": (lambda t: ([1.0, 2.0], None, 0.0, None), RuntimeError, r"argument 'u'"),
     "v_list": (lambda t: (t(2, dtype=F16), [1.0, 2.0], 0.0, None), RuntimeError, r"argument 'v'"),
     "v_scalar": (lambda t: (t(2, dtype=F16), 2.0, 0.0, None), RuntimeError, r"argument 'v'"),
@@ -223,6 +226,14 @@ def test_batched_outer(device, gen, case, raw):
     build, exc, pattern = OUTER_CASES[case]
     args = build(_factory(device, gen))
     _expect(exc, pattern, _outer_call(args, raw), device, gen)
+
+
+@pytest.mark.parametrize("alpha", [True, np.bool_(False)], ids=["bool", "numpy_bool"])
+def test_batched_outer_api_refuses_a_bool_alpha(gen, alpha):
+    """The Python API refuses a bool alpha (the raw op's float takes True as 1.0: the dispatcher's rule)."""
+    u = _factory("cpu", gen)(3, 4)
+    _expect(TypeError, r"argument 'alpha' must be a real number, got a bool", lambda: batched_outer(u, alpha=alpha),
+            "cpu", gen)
 
 
 @pytest.mark.parametrize("out_dtype", [6, 5, "float16", 1.0])
@@ -270,6 +281,7 @@ FRAGMENT_CASES = {
     "m_string": (_with(m="16"), RuntimeError, r"argument 'm'"),
     "k_float": (_with(k=16.0), RuntimeError, r"argument 'k'"),
     "m_bool": (_with(m=True), RuntimeError, r"argument 'm' must be an int, got a bool"),
+    "m_numpy_bool": (_with(m=np.bool_(True)), RuntimeError, r"argument 'm' must be an int, got a bool"),
     "n_beyond_int64": (_with(n=2**64), RuntimeError, r"argument 'n' must be a WMMA tile size, got 18446744073709551616"),
     "no_such_shape": (_with(k=15), RuntimeError, r"no WMMA fragment matrix_a m16n16k15 half"),
     "no_such_shape_8": (_with(m=8, n=8, k=8), RuntimeError, r"no WMMA fragment matrix_a m8n8k8 half"),
@@ -404,6 +416,20 @@ def test_fragment_map_raw_op_with_arch_and_cuda_device(gen):
     _expect(RuntimeError, r"pass either arch= .* or device= .*not both", call, "cuda", gen)
     measured = fragment_map(*GOOD, device="cuda")
     assert torch.equal(measured.cpu(), fragment_map(*GOOD, arch=analytic_arch("cuda")))
+
+
+def test_fragment_map_fake_refuses_arch_with_a_cuda_device(gen):
+    """The raw op's fake kernel refuses arch= beside a CUDA device as its CUDA kernel does
+    (test_fragment_map_raw_op_with_arch_and_cuda_device), so that a traced or exported call fails when it is
+    traced, not when it runs; with device= alone it has the table's shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError, match=r"pass either arch= .* or device= .*not both"):
+            torch.ops.wmmae.fragment_map(*GOOD, 80, torch.device("cuda", 0))
+        fake = torch.ops.wmmae.fragment_map(*GOOD, None, torch.device("cuda", 0))
+    assert fake.shape == fragment_map(*GOOD, arch=80).shape and fake.device == torch.device("cuda", 0)
+    assert_device_still_usable("cpu", gen)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -1800,6 +1800,9 @@ def test_tile_group_rule():
     assert all(rows(k, l2, s) == rows(_k_per_split(k, s), l2) for k in (100, 8193, 20000, 70000) for s in (1, 2, 3, 7))
     with pytest.raises(RuntimeError, match="'k' and 'l2_bytes' must be non-negative"):
         rows(-1, l2)
+    for k in (2**62 + 1, 2**63 - 20):  # (K's split rounds up: beyond 2^62 it would overflow)
+        with pytest.raises(RuntimeError, match=r"'k' at most 2\^62"):
+            rows(k, 0)
     with pytest.raises(RuntimeError, match="'k_splits' a positive split count"):
         rows(4096, l2, 0)
 
@@ -2062,8 +2065,9 @@ def test_plan_ops_reject_sizes_they_cannot_plan():
     for m, n, batch in [(0, 128, 1), (128, 0, 1), (128, 128, 0)]:
         with pytest.raises(RuntimeError, match="'m', 'n' and 'batch' must be positive"):
             grid(m, n, 1024, batch, 132)
-    for m, n, k, batch in [(2**62, 2**62, 1024, 1), (2**40, 2**40, 1024, 2**10), (1, 1, 2**63 - 1, 1)]:
-        with pytest.raises(RuntimeError, match=r"times 'batch', and 'k', must be at most 2\^62"):
+    for m, n, k, batch in [(2**62, 2**62, 1024, 1), (2**40, 2**40, 1024, 2**10), (1, 1, 2**63 - 1, 1),
+                           (2**63 - 1, 1, 1, 1), (1, 2**63 - 1, 1, 1)]:  # (the last two: m + 127 would wrap)
+        with pytest.raises(RuntimeError, match=r"times 'batch', and 'm', 'n' and 'k', must be at most 2\^62"):
             grid(m, n, k, batch, 132)
     # Problems as large as operands and outputs on a GPU can be plan, stream-K or not: a 2^32-entry batch of dot
     # products of 2^30 (operands broadcast), a 2^17 x 2^17 output of K = 2^17, one tile of K = 2^35.

@@ -216,3 +216,17 @@ def test_torchscript_matches_eager(device, gen, tmp_path):
     proc = subprocess.run([sys.executable, "-c", _LOAD_SCRIPTED, str(tmp_path / "ops.pt"), str(tmp_path / "expected.pt")],
                           capture_output=True, text=True, timeout=300, env=child_process_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fx_symbolic_trace_records_the_ops(device, gen):
+    """torch.fx.symbolic_trace through the Python API (whose argument checks let its Proxy through to the op): the
+    graph calls the ops with their non-tensor arguments, and gives the eager results bit for bit."""
+    traced = torch.fx.symbolic_trace(AllOps())
+    called = [node.target for node in traced.graph.nodes if node.op == "call_function"]
+    assert called.count(torch.ops.wmmae.corrected_matmul.default) == 2
+    assert called.count(torch.ops.wmmae.batched_outer.default) == 2
+    with deterministic():
+        for m, k, batch in [(9, 40, 5), (130, 1000, 2)]:
+            args = _inputs(gen, device, m, k, batch)
+            _assert_same_bits(traced(*args), AllOps()(*args))

@@ -3,6 +3,7 @@ for torch.compile and its torch.vmap rule beside it. The autograd of corrected_m
 registered in C++ (csrc/ops/*_autograd.cpp): reverse and forward mode, inside torch.func's transforms too."""
 from __future__ import annotations
 
+import sys
 from typing import Optional, Union
 
 import torch
@@ -17,8 +18,11 @@ METHODS = ("auto", "fp16", "tf32")
 def _require_tensor(op: str, name: str, value) -> None:
     """The dispatcher's own message for a non-tensor argument. (Where no argument is a tensor, as in
     ``corrected_matmul(None, None)``, the dispatcher cannot choose a kernel and says only that there were no
-    tensor arguments.)"""
+    tensor arguments.) A tracer's stand-in for a tensor (``torch.fx.symbolic_trace``'s Proxy: anything with
+    ``__torch_function__``) passes to the op, which records it."""
     if not isinstance(value, Tensor):
+        if torch.overrides.has_torch_function((value,)):
+            return
         raise RuntimeError(
             f"wmmae::{op}() Expected a value of type 'Tensor' for argument '{name}' but instead found type "
             f"'{type(value).__name__}'."
@@ -45,6 +49,13 @@ except ImportError:
 if _JaggedNestedTensor is not None:
     for _op in ("wmmae::corrected_matmul", "wmmae::batched_outer"):
         torch.library.register_torch_dispatch(_op, _JaggedNestedTensor, _refuse_jagged)
+
+
+def _is_bool(value) -> bool:
+    """A Python or NumPy bool, which the dispatcher would take for the number 0 or 1. (Without numpy imported, no
+    value is a NumPy bool.)"""
+    numpy = sys.modules.get("numpy")
+    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
 
 
 def _sample(x: Tensor, dim: Optional[int]) -> Tensor:
@@ -208,6 +219,13 @@ def batched_outer(
     if isinstance(alpha, Tensor):  # (the schema takes a number: a tensor would pass as its value, without gradient)
         raise TypeError("batched_outer: argument 'alpha' must be a Python number, got a Tensor (it would get no "
                         "gradient, and torch.compile cannot trace it); pass alpha.item() to use its value")
+    if _is_bool(alpha):  # (the schema would take True as 1.0)
+        raise TypeError(f"batched_outer: argument 'alpha' must be a real number, got a bool ({alpha})")
+    if isinstance(alpha, int):  # (an int beyond float's range would get the dispatcher's message about an int)
+        try:
+            alpha = float(alpha)
+        except OverflowError as e:
+            raise OverflowError(f"batched_outer: argument 'alpha' does not fit a float: {alpha}") from e
     return torch.ops.wmmae.batched_outer.default(u, v, alpha, out_dtype)
 
 
@@ -284,7 +302,7 @@ def fragment_map(
         raise ValueError("fragment_map: pass exactly one of arch= (analytic table) and device= (measure the GPU)")
     for name, value in (("m", m), ("n", n), ("k", k), ("arch", arch)):
         # (the dispatcher takes a bool for an int, and says "expected int, found int" for one beyond int64)
-        if isinstance(value, bool):
+        if _is_bool(value):
             raise RuntimeError(f"fragment_map: argument '{name}' must be an int, got a bool ({value})")
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             what = "a compute capability" if name == "arch" else "a WMMA tile size"
@@ -302,13 +320,17 @@ def fragment_map(
 
 @torch.library.register_fake("wmmae::fragment_map")
 def _fragment_map_fake(use, m, n, k, dtype, layout=None, arch=None, device=None):
-    # The shape comes from the real op's CPU table, asked outside fake mode. For a CUDA device: arch's table, or
-    # by default the sm_80+ one, which every GPU this package runs on shares with its measured one. Elsewhere the
-    # call as it is, for the op's own checks (a CPU table needs arch; only CPU and CUDA devices are taken).
+    # The shape comes from the real op's CPU table, asked outside fake mode. For a CUDA device the sm_80+ one, which
+    # every GPU this package runs on shares with its measured one (an arch beside it is refused, as the CUDA kernel
+    # refuses it). Elsewhere the call as it is, for the op's own checks (a CPU table needs arch; only CPU and CUDA
+    # devices are taken).
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     on_cuda = device is not None and torch.device(device).type == "cuda"
-    table_arch = 80 if on_cuda and arch is None else arch
+    table_arch = 80 if on_cuda else arch
     with unset_fake_temporarily():
         table = torch.ops.wmmae.fragment_map.default(use, m, n, k, dtype, layout, table_arch, None if on_cuda else device)
+    # (as the CUDA kernel, after the fragment's own checks)
+    torch._check(not (on_cuda and arch is not None),
+                 lambda: "fragment_map: pass either arch= (analytic table) or device= (measure the GPU), not both")
     return torch.empty(table.shape, dtype=torch.int32, device=device if device is not None else "cpu")

@@ -350,10 +350,12 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
               "count, got ", sm_count);
   // An output has at least one element per tile and batch entry, so a tensor's would never fail this; it keeps
   // the plan's counts of tiles within 64 bits (stream-K's larger products are bounded in stream_k_blocks).
+  // (m, n and k bounded too: the tile and stage counts round them up, which must not overflow)
+  constexpr std::int64_t kMaxExtent = std::int64_t{1} << 62;
   TORCH_CHECK(std::ceil(static_cast<double>(m) / kGemmTile) * std::ceil(static_cast<double>(n) / kGemmTile) *
-                      static_cast<double>(batch) <= 0x1p62 && k <= (std::int64_t{1} << 62),
-              "plan_gemm_grid: the output's 128x128 tiles times 'batch', and 'k', must be at most 2^62, got m = ", m,
-              ", n = ", n, ", k = ", k, ", batch = ", batch);
+                      static_cast<double>(batch) <= 0x1p62 && m <= kMaxExtent && n <= kMaxExtent && k <= kMaxExtent,
+              "plan_gemm_grid: the output's 128x128 tiles times 'batch', and 'm', 'n' and 'k', must be at most 2^62, "
+              "got m = ", m, ", n = ", n, ", k = ", k, ", batch = ", batch);
   TORCH_CHECK(l2_bytes >= 0, "plan_gemm_grid: argument 'l2_bytes' must be non-negative, got ", l2_bytes);
   const int forced_splits = positive_env_int("TORCH_WMMAE_K_SPLITS", "splits of K", kMaxGridYZ);
   GemmGrid grid{};
@@ -379,9 +381,9 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
 }
 
 int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits) {
-  TORCH_CHECK(k >= 0 && l2_bytes >= 0 && k_splits >= 1 && k_splits <= (1 << 20), "gemm_tile_group_rows: arguments "
-              "'k' and 'l2_bytes' must be non-negative and 'k_splits' a positive split count, got ", k, ", ",
-              l2_bytes, " and ", k_splits);
+  TORCH_CHECK(k >= 0 && k <= (std::int64_t{1} << 62) && l2_bytes >= 0 && k_splits >= 1 && k_splits <= (1 << 20),
+              "gemm_tile_group_rows: arguments 'k' and 'l2_bytes' must be non-negative ('k' at most 2^62) and "
+              "'k_splits' a positive split count, got ", k, ", ", l2_bytes, " and ", k_splits);
   const std::int64_t k_piece = k_per_split(k, static_cast<int>(k_splits));
   // kMaxTileGroupRows x k_piece x kGemmTile floats <= 2/3 of l2_bytes, as a bound on k_piece (no product to
   // overflow)
