@@ -1,6 +1,10 @@
 """batched_outer against the best PyTorch formulation, and against the device copy bandwidth, in one run.
 
-Effective bandwidth = (bytes read + bytes written) / time. Writes benchmarks/results/batched_outer.{json,md}.
+Effective bandwidth = (bytes read + bytes written) / time. Per case, ours (alpha 0 and 1.5), a device copy that
+reads and writes as many bytes, and every PyTorch formulation are timed with their calls interleaved, in three
+rounds: each ratio (fraction of copy, alpha cost, speed-up over torch) is the median of the rounds' ratios, measured
+in one GPU state (the same call can run 10% slower in one state than in another: NOTES.md, batch 2^17).
+Writes benchmarks/results/batched_outer.{json,md}.
     python benchmarks/bench_batched_outer.py [--quick] [--out DIR]
 """
 from __future__ import annotations
@@ -62,26 +66,34 @@ def main() -> None:
             u = torch.randn(batch, n, device="cuda", generator=gen).to(dtype)
             v = torch.randn(batch, n, device="cuda", generator=gen).to(dtype)
             nbytes = 2 * u.numel() * u.element_size() + batch * n * n * 4
-            # alpha = 0 and alpha != 0 with interleaved calls, three rounds: the time is the best round's
-            # median, the alpha cost the median of the rounds' ratios. The cost is a few percent, and the
-            # same call can run 10% slower in one GPU state than in another (NOTES.md: batch 2^17), so the
-            # two must be timed in the same state.
-            rounds = [interleaved_median_ms([lambda: torch_wmmae.batched_outer(u, v, alpha=0.0),
-                                             lambda: torch_wmmae.batched_outer(u, v, alpha=1.5)], warmup=10, reps=30)
+            # Ours with alpha = 0 and 1.5, a copy of nbytes / 2 (as many bytes read and written as ours) and
+            # every PyTorch formulation, their calls interleaved, three rounds. A time is the best round's median;
+            # a ratio the median of the rounds' ratios, each from one GPU state (see the module's docstring).
+            src = torch.rand((nbytes // 2 + 3) // 4, device="cuda", generator=gen)
+            dst = torch.empty_like(src)
+            timed = {("ours", 0.0): lambda: torch_wmmae.batched_outer(u, v, alpha=0.0),
+                     ("ours", 1.5): lambda: torch_wmmae.batched_outer(u, v, alpha=1.5),
+                     ("copy", None): lambda: dst.copy_(src)}
+            for alpha in (0.0, 1.5):
+                for name, fn in torch_variants(alpha).items():
+                    timed[(name, alpha)] = lambda fn=fn: fn(u, v)
+            rounds = [dict(zip(timed, interleaved_median_ms(list(timed.values()), warmup=10, reps=30)))
                       for _ in range(3)]
-            ours = {0.0: min(r[0] for r in rounds), 1.5: min(r[1] for r in rounds)}
-            alpha_cost = {0.0: 0.0, 1.5: statistics.median(r[1] / r[0] - 1 for r in rounds)}
-            for alpha, ms in ours.items():
-                best_name, best_ms = None, float("inf")
-                for name, fn in torch_variants(alpha).items():  # timed as ours: the best of three rounds
-                    t = min(median_ms(lambda i: fn(u, v), warmup=10, reps=30) for _ in range(3))
-                    if t < best_ms:
-                        best_name, best_ms = name, t
+            best = lambda key: min(r[key] for r in rounds)  # noqa: E731
+            ratio = lambda num, den: statistics.median(r[num] / r[den] for r in rounds)  # noqa: E731
+            copy_bytes = 2 * src.numel() * 4
+            for alpha in (0.0, 1.5):
+                ours = ("ours", alpha)
+                best_name = min((name for name, a in timed if a == alpha and name != "ours"),
+                                key=lambda name: best((name, alpha)))
+                ms = best(ours)
                 tbps = nbytes / ms / 1e9
                 rows.append(dict(n=n, batch=batch, alpha=alpha, in_dtype=str(dtype).replace("torch.", ""), ms=ms,
-                                 tbps=tbps, fraction_of_copy=tbps / copy, alpha_cost=alpha_cost[alpha],
-                                 torch_best=best_name, torch_best_tbps=nbytes / best_ms / 1e9,
-                                 speedup_vs_torch=best_ms / ms))
+                                 tbps=tbps, copy_tbps=copy_bytes / best(("copy", None)) / 1e9,
+                                 fraction_of_copy=ratio(("copy", None), ours) * nbytes / copy_bytes,
+                                 alpha_cost=0.0 if alpha == 0.0 else ratio(ours, ("ours", 0.0)) - 1,
+                                 torch_best=best_name, torch_best_tbps=nbytes / best((best_name, alpha)) / 1e9,
+                                 speedup_vs_torch=ratio((best_name, alpha), ours)))
                 r = rows[-1]
                 print(f"n={n:3d} batch={batch:8d} {r['in_dtype']:8s} alpha={alpha}: {tbps:.2f} TB/s "
                       f"({r['fraction_of_copy']:.0%} of copy, alpha cost {r['alpha_cost']:+.1%}), torch best "
@@ -89,11 +101,12 @@ def main() -> None:
             # No torch.cuda.empty_cache() between cases: PyTorch keeps its cache, as in a training process.
             # Releasing it made the next case cudaMalloc gigabytes again, and after a fresh multi-GB
             # allocation the GPU ran this 40 us call at ~42 instead of ~38.5 us for seconds (NOTES.md).
-            del u, v
+            del u, v, src, dst
     payload = header() | {"copy_tbps": copy, "rows": rows}
-    write_results("batched_outer", payload, ["n", "batch", "alpha", "in_dtype", "tbps", "fraction_of_copy",
+    write_results("batched_outer", payload, ["n", "batch", "alpha", "in_dtype", "tbps", "copy_tbps", "fraction_of_copy",
                                              "alpha_cost", "torch_best", "torch_best_tbps", "speedup_vs_torch"], args.out,
-                  f"batched_outer (fp32 output); device copy {copy:.2f} TB/s")
+                  f"batched_outer (fp32 output); fraction_of_copy against a copy of as many bytes in the same rounds "
+                  f"(copy_tbps); a 2 GiB copy {copy:.2f} TB/s")
 
 
 if __name__ == "__main__":

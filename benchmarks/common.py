@@ -106,22 +106,32 @@ def rotating_operands(m: int, n: int, k: int, batch: int, l2_bytes: int, dist: s
     return a_sets, b_sets
 
 
-def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, reps: int = 20) -> list:
+def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, reps: int = 20,
+                          host_ahead: bool = False) -> list:
     """Median time of each fn in milliseconds, the calls interleaved (fns[0], fns[1], ..., fns[0], ...) and
     each timed with its own pair of CUDA events: the fns see the same GPU state (clocks, other work), so
-    their ratio is not a difference between two moments."""
+    their ratio is not a difference between two moments. host_ahead as for median_ms (True: the GPU time of
+    calls shorter than the host's time to enqueue them, not the host's pace)."""
     for _ in range(warmup):
         for fn in fns:
             fn()
     torch.cuda.synchronize()
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-              for _ in fns]
-    for i in range(reps):
-        for fn, ev in zip(fns, events):
-            ev[i][0].record()
-            fn()
-            ev[i][1].record()
-    torch.cuda.synchronize()
+
+    def enqueue():
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+                  for _ in fns]
+        for i in range(reps):
+            for fn, ev in zip(fns, events):
+                ev[i][0].record()
+                fn()
+                ev[i][1].record()
+        return events
+
+    if host_ahead:
+        events = _enqueued_behind_spin(enqueue, 200_000 * reps * len(fns), "interleaved_median_ms(host_ahead=True)")
+    else:
+        events = enqueue()
+        torch.cuda.synchronize()
     return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in events]
 
 

@@ -32,8 +32,8 @@ def sweep_rows(payload: dict) -> list[dict]:
 
 
 def summary(rows: list[dict], min_n: int = 2432) -> dict:
-    """Figures quoted in the tables: ranges for N >= min_n (the team's measured baselines, kept outside this
-    repository, quote torch fp32 from N = 2432 on)."""
+    """Figures quoted in the tables, every one over the rows of N >= min_n (the team's measured baselines, kept
+    outside this repository, quote torch fp32 from N = 2432 on)."""
     big = [r for r in rows if r["n"] >= min_n]
     ratio = [r["speedup_vs_fp32"] for r in big]
     return dict(n_rows=len(rows), min_n=min_n, n_big=len(big),
@@ -41,8 +41,8 @@ def summary(rows: list[dict], min_n: int = 2432) -> dict:
                 fp32_tflops=(min(r["fp32_tflops"] for r in big), max(r["fp32_tflops"] for r in big)),
                 ratio=(min(ratio), statistics.median(ratio), max(ratio)),
                 faster_share=sum(x >= 1.0 for x in ratio) / len(ratio),
-                rel_err=max(r["rel_err"] for r in rows), fp32_rel_err=max(r["fp32_rel_err"] for r in rows),
-                blocks=(min(r["blocks"] for r in rows), max(r["blocks"] for r in rows)))
+                rel_err=max(r["rel_err"] for r in big), fp32_rel_err=max(r["fp32_rel_err"] for r in big),
+                blocks=(min(r["blocks"] for r in big), max(r["blocks"] for r in big)))
 
 
 def dips(rows: list[dict], key: str = "tflops", window: int = 5, drop: float = 0.10) -> dict[str, list[int]]:
