@@ -221,6 +221,34 @@ WMMAE_HD constexpr bool diagonal_rule_holds_for_sm80_table() {
 }
 static_assert(diagonal_rule_holds_for_sm80_table(), "diagonal_key/diagonal_offset disagree with CoreLayout::at");
 
+// holders_of against CoreLayout::at, for every lane and element: the element's tile position is held by
+// exactly copies() pairs, among them (lane, x), each of which CoreLayout::at maps back to that position.
+WMMAE_HD constexpr bool holders_rule_holds(const CoreLayout& L) {
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int x = 0; x < L.num_elements; ++x) {
+      const RowCol rc = L.at(lane, x);
+      const Holders h = holders_of(L, rc.row, rc.col);
+      if (h.count != L.copies()) return false;
+      bool found = false;
+      for (int e = 0; e < h.count; ++e) {
+        const RowCol back = L.at(h.lane[e], h.x[e]);
+        if (back.row != rc.row || back.col != rc.col) return false;
+        found = found || (h.lane[e] == lane && h.x[e] == x);
+      }
+      if (!found) return false;
+    }
+  }
+  return true;
+}
+WMMAE_HD constexpr bool holders_rule_holds_for_sm80_table() {
+  bool ok = true;
+#define WMMAE_HOLDERS_CASE(U, M, N, K, E, ...) ok = ok && holders_rule_holds(sm80_layout(Use::U, M, N, K, Elem::E));
+  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_HOLDERS_CASE)
+#undef WMMAE_HOLDERS_CASE
+  return ok;
+}
+static_assert(holders_rule_holds_for_sm80_table(), "holders_of (map's inverse) disagrees with CoreLayout::at");
+
 // ---------------------------------------------------------------------------------------------------
 // sm_70, m16n16k16 half operands with float or half accumulators (analytic; see the header comment).
 // ---------------------------------------------------------------------------------------------------

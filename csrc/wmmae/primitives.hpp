@@ -103,9 +103,12 @@ struct ElementIndices {
   WMMAE_HD static constexpr int x(int c) { return First + c * Period; }
 };
 
+// Stores value, converted to the fragment's storage type as convert rounds it (the same for every copy), into
+// each element of `indices`.
 template <class Frag, int First, int Period, int Count, class V>
 __device__ __forceinline__ void assign(Frag& frag, ElementIndices<First, Period, Count>, V value) {
-  detail::static_for<0, Count>([&](auto c) { frag.x[First + decltype(c)::value * Period] = value; });
+  const auto stored = convert<typename fragment_traits<Frag>::storage_type>(value);
+  detail::static_for<0, Count>([&](auto c) { frag.x[First + decltype(c)::value * Period] = stored; });
 }
 
 // A partial tile: elements at row >= rows or col >= cols are outside the matrix.

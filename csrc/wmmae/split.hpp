@@ -78,6 +78,12 @@ WMMAE_HD inline Tf32Split split_tf32(float v) {
 // `Half` is the storage type (__half on the device, c10::Half on the host): Rounding::to_half rounds to
 // nearest even and Rounding::to_float widens exactly. For a non-finite v, lo is NaN: callers must not use
 // the residual products then (corrected_matmul returns the hi*hi sum alone when it is not finite).
+// (The pragma: a host-only Rounding, as c10::Half's, instantiates this in a .cu file's host code without
+// nvcc's warning about a __host__ function called from a __host__ __device__ one; the device's calls
+// __device__ functions.)
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
 template <class Rounding, class Half>
 WMMAE_HD inline void split_fp16(float v, Half& hi, Half& lo) {
   hi = Rounding::to_half(v);
@@ -106,6 +112,9 @@ WMMAE_HD inline float fp16_compensated_residual(float v, float hi) {
 #endif
 }
 
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable  // (as for split_fp16)
+#endif
 template <class Rounding, class Half>
 WMMAE_HD inline void split_fp16_compensated(float v, Half& hi, Half& lo) {
   hi = Rounding::to_half(v);

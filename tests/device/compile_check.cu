@@ -49,6 +49,8 @@ __device__ void use_all(const Mem* p, Mem* q, float* out) {
     };
     wmmae::load_matrices_with_op(p, 41, wmmae::TileBounds{4, 7}, fill, copy, f, g);
   }
+  // assign converts to the storage type as convert does (a float into integer and 16-bit fragments too).
+  wmmae::foreach_ij(f, [&](auto xs, int i, int j) { wmmae::assign(f, xs, 0.5f * (i - j)); });
   out[1] += wmmae::to_float(f.x[0]) + wmmae::to_float(g.x[0]);
   // The split helpers' device forms.
   __half hi, lo;
@@ -87,6 +89,19 @@ __global__ void instantiate(const void* p, void* q, float* out) {
   use_all_orders<wmmae::Use::accumulator, 16, 16, 16, wmmae::Elem::half>(p, q, out);
   use_all_orders<wmmae::Use::accumulator, 16, 16, 16, wmmae::Elem::f32>(p, q, out);
 #endif
+}
+
+// The fp16 splits with a host-only rounding policy (as the CPU emulation's c10::Half) in a .cu file's host code.
+struct HostOnlyHalfRounding {
+  __host__ static float to_half(float v) { return v; }
+  __host__ static float to_float(float h) { return h; }
+};
+__host__ float split_on_the_host(float v) {
+  float hi, lo;
+  wmmae::split_fp16<HostOnlyHalfRounding>(v, hi, lo);
+  float hi_c, lo_c;
+  wmmae::split_fp16_compensated<HostOnlyHalfRounding>(v, hi_c, lo_c);
+  return hi + lo + hi_c + lo_c;
 }
 
 // Compile-time facts of the layout descriptors that no fragment type of the table exercises.
