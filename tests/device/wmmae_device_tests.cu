@@ -274,6 +274,11 @@ __global__ void check_kernel(unsigned seed, int* errors, int* table) {
                          static_cast<float>(scales[s][0]) / scales[s][1]);
       err[kIntegerResults] += count_mismatch(ref, got);
     }
+    // assign converts as load_vector's results are rounded: 200.5 to 200 (ties to even; s8: saturated at 127) and
+    // -300 saturated (s8: -128, u8: 0), on a checkerboard.
+    load_reference(ref, [&](int i, int j) { return clamp_to<Mem>((i + j) % 2 ? -300 : 200); });
+    wmmae::foreach_ij(got, [&](auto xs, int i, int j) { wmmae::assign(got, xs, (i + j) % 2 ? -300.0f : 200.5f); });
+    err[kIntegerResults] += count_mismatch(ref, got);
   }
   // s32 accumulators: store_vector at scale (2^23 + 1) / 2^24, whose products of up to 55 bits can round (in
   // double) onto a tie that the exact product lies off (2^31 - 1 does), and at scale 3, which saturates.
