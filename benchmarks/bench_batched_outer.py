@@ -3,7 +3,10 @@
 Effective bandwidth = (bytes read + bytes written) / time. Per case, ours (alpha 0 and 1.5), a device copy that
 reads and writes as many bytes, and every PyTorch formulation are timed with their calls interleaved, in three
 rounds: each ratio (fraction of copy, alpha cost, speed-up over torch) is the median of the rounds' ratios, measured
-in one GPU state (the same call can run 10% slower in one state than in another: NOTES.md, batch 2^17).
+in one GPU state (the same call can run 10% slower in one state than in another: NOTES.md, batch 2^17). Ours TB/s
+is from the best round's median time; the copy's and PyTorch's TB/s are ours divided by those ratios, so that the
+columns agree (tbps / copy_tbps = fraction_of_copy, tbps / torch_best_tbps = speedup_vs_torch), and the best
+PyTorch variant is the one of the smallest median ratio.
 Writes benchmarks/results/batched_outer.{json,md}.
     python benchmarks/bench_batched_outer.py [--quick] [--out DIR]
 """
@@ -67,8 +70,7 @@ def main() -> None:
             v = torch.randn(batch, n, device="cuda", generator=gen).to(dtype)
             nbytes = 2 * u.numel() * u.element_size() + batch * n * n * 4
             # Ours with alpha = 0 and 1.5, a copy of nbytes / 2 (as many bytes read and written as ours) and
-            # every PyTorch formulation, their calls interleaved, three rounds. A time is the best round's median;
-            # a ratio the median of the rounds' ratios, each from one GPU state (see the module's docstring).
+            # every PyTorch formulation, their calls interleaved, three rounds (see the module's docstring).
             src = torch.rand((nbytes // 2 + 3) // 4, device="cuda", generator=gen)
             dst = torch.empty_like(src)
             timed = {("ours", 0.0): lambda: torch_wmmae.batched_outer(u, v, alpha=0.0),
@@ -79,21 +81,20 @@ def main() -> None:
                     timed[(name, alpha)] = lambda fn=fn: fn(u, v)
             rounds = [dict(zip(timed, interleaved_median_ms(list(timed.values()), warmup=10, reps=30)))
                       for _ in range(3)]
-            best = lambda key: min(r[key] for r in rounds)  # noqa: E731
             ratio = lambda num, den: statistics.median(r[num] / r[den] for r in rounds)  # noqa: E731
             copy_bytes = 2 * src.numel() * 4
             for alpha in (0.0, 1.5):
                 ours = ("ours", alpha)
                 best_name = min((name for name, a in timed if a == alpha and name != "ours"),
-                                key=lambda name: best((name, alpha)))
-                ms = best(ours)
+                                key=lambda name: ratio((name, alpha), ours))
+                ms = min(r[ours] for r in rounds)
                 tbps = nbytes / ms / 1e9
+                fraction_of_copy = ratio(("copy", None), ours) * nbytes / copy_bytes
+                speedup = ratio((best_name, alpha), ours)
                 rows.append(dict(n=n, batch=batch, alpha=alpha, in_dtype=str(dtype).replace("torch.", ""), ms=ms,
-                                 tbps=tbps, copy_tbps=copy_bytes / best(("copy", None)) / 1e9,
-                                 fraction_of_copy=ratio(("copy", None), ours) * nbytes / copy_bytes,
+                                 tbps=tbps, copy_tbps=tbps / fraction_of_copy, fraction_of_copy=fraction_of_copy,
                                  alpha_cost=0.0 if alpha == 0.0 else ratio(ours, ("ours", 0.0)) - 1,
-                                 torch_best=best_name, torch_best_tbps=nbytes / best((best_name, alpha)) / 1e9,
-                                 speedup_vs_torch=ratio((best_name, alpha), ours)))
+                                 torch_best=best_name, torch_best_tbps=tbps / speedup, speedup_vs_torch=speedup))
                 r = rows[-1]
                 print(f"n={n:3d} batch={batch:8d} {r['in_dtype']:8s} alpha={alpha}: {tbps:.2f} TB/s "
                       f"({r['fraction_of_copy']:.0%} of copy, alpha cost {r['alpha_cost']:+.1%}), torch best "

@@ -18,10 +18,11 @@ METHODS = ("auto", "fp16", "tf32")
 def _require_tensor(op: str, name: str, value) -> None:
     """The dispatcher's own message for a non-tensor argument. (Where no argument is a tensor, as in
     ``corrected_matmul(None, None)``, the dispatcher cannot choose a kernel and says only that there were no
-    tensor arguments.) A tracer's stand-in for a tensor (``torch.fx.symbolic_trace``'s Proxy: anything with
-    ``__torch_function__``) passes to the op, which records it."""
+    tensor arguments.) A tracer's stand-in for a tensor (``torch.fx.symbolic_trace``'s Proxy: an object whose type
+    has ``__torch_function__``) passes to the op, which records it. (The type, not has_torch_function: that is true
+    of any value while a TorchFunctionMode, e.g. ``with torch.device(...)``, is active.)"""
     if not isinstance(value, Tensor):
-        if torch.overrides.has_torch_function((value,)):
+        if hasattr(type(value), "__torch_function__"):
             return
         raise RuntimeError(
             f"wmmae::{op}() Expected a value of type 'Tensor' for argument '{name}' but instead found type "
