@@ -212,14 +212,16 @@ WMMAE_HD constexpr bool diagonal_rule_holds(const CoreLayout& L) {
   }
   return true;
 }
-WMMAE_HD constexpr bool diagonal_rule_holds_for_sm80_table() {
+// Whether rule(layout) holds for every row of the sm_80+ table (the compile-time checks below).
+template <class Rule>
+WMMAE_HD constexpr bool holds_for_sm80_table(Rule rule) {
   bool ok = true;
-#define WMMAE_DIAGONAL_CASE(U, M, N, K, E, ...) ok = ok && diagonal_rule_holds(sm80_layout(Use::U, M, N, K, Elem::E));
-  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_DIAGONAL_CASE)
-#undef WMMAE_DIAGONAL_CASE
+#define WMMAE_RULE_CASE(U, M, N, K, E, ...) ok = ok && rule(sm80_layout(Use::U, M, N, K, Elem::E));
+  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_RULE_CASE)
+#undef WMMAE_RULE_CASE
   return ok;
 }
-static_assert(diagonal_rule_holds_for_sm80_table(), "diagonal_key/diagonal_offset disagree with CoreLayout::at");
+static_assert(holds_for_sm80_table(diagonal_rule_holds), "diagonal_key/diagonal_offset disagree with CoreLayout::at");
 
 // holders_of against CoreLayout::at, for every lane and element: the element's tile position is held by
 // exactly copies() pairs, among them (lane, x), each of which CoreLayout::at maps back to that position.
@@ -240,14 +242,7 @@ WMMAE_HD constexpr bool holders_rule_holds(const CoreLayout& L) {
   }
   return true;
 }
-WMMAE_HD constexpr bool holders_rule_holds_for_sm80_table() {
-  bool ok = true;
-#define WMMAE_HOLDERS_CASE(U, M, N, K, E, ...) ok = ok && holders_rule_holds(sm80_layout(Use::U, M, N, K, Elem::E));
-  WMMAE_FOR_EACH_SM80_FRAGMENT(WMMAE_HOLDERS_CASE)
-#undef WMMAE_HOLDERS_CASE
-  return ok;
-}
-static_assert(holders_rule_holds_for_sm80_table(), "holders_of (map's inverse) disagrees with CoreLayout::at");
+static_assert(holds_for_sm80_table(holders_rule_holds), "holders_of (map's inverse) disagrees with CoreLayout::at");
 
 // ---------------------------------------------------------------------------------------------------
 // sm_70, m16n16k16 half operands with float or half accumulators (analytic; see the header comment).
