@@ -1638,9 +1638,8 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   if (plan.k == 0) return out.zero_();
   const cudaDeviceProp& props = *at::cuda::getCurrentDeviceProperties();  // of a's device (the guard)
   TORCH_CHECK(props.major >= 8, "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
-  // One matrix product where b is broadcast over a's packed batch (TORCH_WMMAE_FOLD_BATCH=0 keeps the batch: tests
-  // compare the two).
-  if (!env_is("TORCH_WMMAE_FOLD_BATCH", "0")) fold_batch_into_rows(plan, props.multiProcessorCount, props.l2CacheSize);
+  // One matrix product where b is broadcast over a's packed batch.
+  fold_batch_into_rows(plan, props.multiProcessorCount, props.l2CacheSize);
   run_corrected_gemm(std::move(plan), out, 0, 1, method, props, true);
   return out;
 }

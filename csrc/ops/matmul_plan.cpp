@@ -122,6 +122,7 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 // (W row-major) 184 / 162, 8 x 1024^3 150 / 146; those keep their batch (for every method and GPU: the other
 // kernels' batched grids were not measured against the fold).
 bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t l2_bytes) {
+  if (env_is("TORCH_WMMAE_FOLD_BATCH", "0")) return false;
   const BatchStrides& bs = plan.batch_strides;
   // (a broadcast too, a batch stride of 0, would fold into rows 0 apart, which TMA cannot read: copied)
   if (plan.batch < 2 || bs.ndim != 1 || bs.b_stride[0] != 0 || bs.a_stride[0] == 0) return false;

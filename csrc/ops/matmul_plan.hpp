@@ -62,7 +62,8 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 // takes persistent batch slots (see the definition); otherwise leaves plan as it is. sm_count and l2_bytes as for
 // plan_gemm_grid; sm_count = 0 (the CPU emulation, which runs no GPU schedule) makes no such exception: where a GPU
 // makes it (K <= 1024, whole 128-row tiles per entry), folded and kept are the same arithmetic (the same tiles, one
-// accumulation chunk), so the emulation's bits do not depend on it.
+// accumulation chunk), so the emulation's bits do not depend on it. TORCH_WMMAE_FOLD_BATCH=0 keeps every batch
+// (tests compare the two; both callers, CUDA and the CPU emulation, read the switch here).
 bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t l2_bytes);
 
 // The CUDA GEMM's grid: kGemmTile x kGemmTile output tiles per batch entry (the grid's z extent takes at most
