@@ -1721,6 +1721,27 @@ def test_cpu_emulation_folds_the_batch_as_the_gpu(gen, monkeypatch, method, weig
         assert rel_err(out[0], ref[0]) < 1e-6 and rel_err(out[2], ref[2]) < 1e-6
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_cpu_emulation_reads_broadcast_operands_in_place(gen, method):
+    """The CPU emulation reads each batch entry's matrices at their batch offsets: a of [4, 1, M, K] with b of
+    [1, 5, K, N] (neither broadcast batch merges into one stride, so a reshape to [20, ...] would copy each operand
+    to the batch's size) allocates only its output, through PyTorch (the profiler's record), and gives each entry
+    the bits of that entry's own call (no fold: b is not one matrix), within the float32 bound."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a = random_tensor(gen, (4, 1, 65, 40), "normal", "cpu")
+    b = random_tensor(gen, (1, 5, 40, 33), "normal", "cpu")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, acc_events=True) as prof:
+        out = corrected_matmul(a, b, method=method)
+    allocations = [(e.name, e.cpu_memory_usage) for e in prof.events()
+                   if e.cpu_memory_usage > 0 and e.name in ("aten::empty", "aten::empty_strided")]
+    assert allocations == [("aten::empty", out.numel() * 4)], allocations
+    for i in range(4):
+        for j in range(5):
+            assert torch.equal(out[i, j], corrected_matmul(a[i, 0], b[0, j], method=method)), (i, j)
+    assert rel_err(out, torch.matmul(a.double(), b.double())) < 1e-6
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)

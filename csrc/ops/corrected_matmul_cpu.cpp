@@ -34,28 +34,38 @@ struct HostHalfRounding {
   static float to_float(c10::Half h) { return static_cast<float>(h); }
 };
 
-// hi/lo parts of one operand, K contiguous per row (A) or per column (B), for both splits.
+// hi/lo parts of one operand, K contiguous per row (A) or per column (B), for the splits its method takes (the
+// other's vectors stay empty). The float32 fallback reads the operand itself, through `value`'s strides.
 struct SplitOperand {
   std::int64_t rows, k;
-  std::vector<float> value, fp16_hi, fp16_lo, tf32_hi, tf32_lo;
+  const float* value;                   // element (r, k) at value[r * row_stride + k * k_stride]
+  std::int64_t row_stride, k_stride;
+  std::vector<float> fp16_hi, fp16_lo, tf32_hi, tf32_lo;
   std::vector<int> fp16_shift, tf32_shift;  // power-of-two scaling exponent per row (line_shift)
   std::vector<char> has_nonzero;             // the row holds a finite non-zero element
   std::vector<char> tile_fp16_ok;  // per kGemmTile rows: every row is accurate in the fp16 split (fp16_safe)
   std::vector<int> tile_span;      // per kGemmTile rows: the largest exponent_span of a row
 };
 
-// `mat` is [rows, k] (A as is, B transposed): any strides. B's fp16 residuals carry the compensation of the
-// tensor core's truncation (compensate_fp16), A's do not.
-SplitOperand split_operand(const at::Tensor& mat, bool compensate_fp16) {
+// `mat` is [rows, k] (A as is, B transposed): any strides; it must outlive the result, which reads it. B's fp16
+// residuals carry the compensation of the tensor core's truncation (compensate_fp16), A's do not.
+SplitOperand split_operand(const at::Tensor& mat, bool compensate_fp16, Method method) {
   SplitOperand s;
   s.rows = mat.size(0);
   s.k = mat.size(1);
+  s.value = mat.data_ptr<float>();
+  s.row_stride = mat.stride(0);
+  s.k_stride = mat.stride(1);
+  const bool fp16 = method != Method::tf32, tf32 = method != Method::fp16;
   const std::size_t total = static_cast<std::size_t>(s.rows * s.k);
-  s.value.resize(total);
-  s.fp16_hi.resize(total);
-  s.fp16_lo.resize(total);
-  s.tf32_hi.resize(total);
-  s.tf32_lo.resize(total);
+  if (fp16) {
+    s.fp16_hi.resize(total);
+    s.fp16_lo.resize(total);
+  }
+  if (tf32) {
+    s.tf32_hi.resize(total);
+    s.tf32_lo.resize(total);
+  }
   s.fp16_shift.resize(s.rows);
   s.tf32_shift.resize(s.rows);
   s.has_nonzero.resize(s.rows);
@@ -76,18 +86,21 @@ SplitOperand split_operand(const at::Tensor& mat, bool compensate_fp16) {
       for (std::int64_t k = 0; k < s.k; ++k) {
         const float v = acc[r][k];
         const std::size_t i = static_cast<std::size_t>(r * s.k + k);
-        s.value[i] = v;
-        c10::Half hi, lo;
-        if (compensate_fp16) {
-          wmmae::split_fp16_compensated<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
-        } else {
-          wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
+        if (fp16) {
+          c10::Half hi, lo;
+          if (compensate_fp16) {
+            wmmae::split_fp16_compensated<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
+          } else {
+            wmmae::split_fp16<HostHalfRounding>(std::ldexp(v, fp16_shift), hi, lo);
+          }
+          s.fp16_hi[i] = static_cast<float>(hi);
+          s.fp16_lo[i] = static_cast<float>(lo);
         }
-        s.fp16_hi[i] = static_cast<float>(hi);
-        s.fp16_lo[i] = static_cast<float>(lo);
-        const wmmae::Tf32Split t = split_tf32_scaled(v, std::ldexp(1.0f, tf32_shift));
-        s.tf32_hi[i] = t.hi;
-        s.tf32_lo[i] = t.lo;
+        if (tf32) {
+          const wmmae::Tf32Split t = split_tf32_scaled(v, std::ldexp(1.0f, tf32_shift));
+          s.tf32_hi[i] = t.hi;
+          s.tf32_lo[i] = t.lo;
+        }
       }
     }
   });
@@ -102,13 +115,16 @@ SplitOperand split_operand(const at::Tensor& mat, bool compensate_fp16) {
 }
 
 // The float32 path (quadrants of a tile with an output at risk): one fused multiply-add per k, in the same chunks
-// as the split paths.
-float fma_dot(const float* a, const float* b, std::int64_t k, int chunk_length) {
+// as the split paths, over row i of sa and row j of sb.
+float fma_dot(const SplitOperand& sa, std::int64_t i, const SplitOperand& sb, std::int64_t j, int chunk_length) {
+  const float* a = sa.value + i * sa.row_stride;
+  const float* b = sb.value + j * sb.row_stride;
+  const std::int64_t k = sa.k;
   float total = 0.0f;
   for (std::int64_t c0 = 0; c0 < k; c0 += chunk_length) {
     const std::int64_t c1 = std::min<std::int64_t>(k, c0 + chunk_length);
     float chunk = 0.0f;
-    for (std::int64_t i = c0; i < c1; ++i) chunk = std::fma(a[i], b[i], chunk);
+    for (std::int64_t e = c0; e < c1; ++e) chunk = std::fma(a[e * sa.k_stride], b[e * sb.k_stride], chunk);
     total = c0 == 0 ? chunk : total + chunk;
   }
   return total;
@@ -170,9 +186,7 @@ float corrected_dot(const float* a_hi, const float* a_lo, const float* b_hi, con
   return total;
 }
 
-void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, Method method) {
-  const SplitOperand sa = split_operand(a, false);
-  const SplitOperand sb = split_operand(b.t(), true);
+void corrected_matmul_2d(const SplitOperand& sa, const SplitOperand& sb, float* out, Method method) {
   const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
   const int chunk = accumulation_chunk(m, n), log2_k = ceil_log2(k);
   const std::int64_t tiles_m = (m + kGemmTile - 1) / kGemmTile, tiles_n = (n + kGemmTile - 1) / kGemmTile;
@@ -191,12 +205,12 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
             const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
             float v;
             if (use_fp16) {
-              v = corrected_dot<true>(&sa.fp16_hi[ai], &sa.fp16_lo[ai], &sb.fp16_hi[bj], &sb.fp16_lo[bj], k,
-                                      wmmae::kFp16ResidualUnscale, chunk);
+              v = corrected_dot<true>(sa.fp16_hi.data() + ai, sa.fp16_lo.data() + ai, sb.fp16_hi.data() + bj,
+                                      sb.fp16_lo.data() + bj, k, wmmae::kFp16ResidualUnscale, chunk);
               v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
             } else {
-              v = corrected_dot<false>(&sa.tf32_hi[ai], &sa.tf32_lo[ai], &sb.tf32_hi[bj], &sb.tf32_lo[bj], k, 1.0f,
-                                       chunk);
+              v = corrected_dot<false>(sa.tf32_hi.data() + ai, sa.tf32_lo.data() + ai, sb.tf32_hi.data() + bj,
+                                       sb.tf32_lo.data() + bj, k, 1.0f, chunk);
               v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
               at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant] |=
                   check && sa.has_nonzero[i] && sb.has_nonzero[j] &&
@@ -208,8 +222,7 @@ void corrected_matmul_2d(const at::Tensor& a, const at::Tensor& b, float* out, M
         for (std::int64_t i = i0; i < i1; ++i) {
           for (std::int64_t j = j0; j < j1; ++j) {
             if (!at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]) continue;
-            out[i * n + j] = fma_dot(&sa.value[static_cast<std::size_t>(i * k)],
-                                     &sb.value[static_cast<std::size_t>(j * k)], k, chunk);
+            out[i * n + j] = fma_dot(sa, i, sb, j, chunk);
           }
         }
       }
@@ -223,15 +236,30 @@ at::Tensor corrected_matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::s
   const Method method = method_from_string(std::string(method_name));
   MatmulPlan plan = plan_matmul(a, b, "corrected_matmul");
   // As on CUDA, a b broadcast over a's packed batch makes one product of batch x M rows, so that the emulation has
-  // the GPU's tiles, accumulation chunks and auto's per-tile choices (TORCH_WMMAE_FOLD_BATCH=0 keeps the batch).
-  if (!env_is("TORCH_WMMAE_FOLD_BATCH", "0")) fold_batch_into_rows(plan, /*sm_count=*/0, /*l2_bytes=*/0);
+  // the GPU's tiles, accumulation chunks and auto's per-tile choices.
+  fold_batch_into_rows(plan, /*sm_count=*/0, /*l2_bytes=*/0);
   at::Tensor out = at::empty({plan.batch, plan.m, plan.n}, a.options());
-  if (out.numel() > 0) {
-    const at::Tensor a3 = plan.a.reshape({plan.batch, plan.m, plan.k});
-    const at::Tensor b3 = plan.b.reshape({plan.batch, plan.k, plan.n});
-    for (std::int64_t z = 0; z < plan.batch; ++z) {
-      corrected_matmul_2d(a3[z], b3[z], out.data_ptr<float>() + z * plan.m * plan.n, method);
+  if (out.numel() == 0) return out.view(plan.out_shape);
+  // Each entry's matrices read in place at the plan's batch offsets (a reshape of a broadcast operand would copy
+  // it to the batch's size); an operand whose offset repeats the previous entry's (a broadcast b) is split once.
+  const at::Tensor& pa = plan.a;
+  const at::Tensor& pb = plan.b;
+  SplitOperand sa, sb;
+  std::int64_t a_split_at = -1, b_split_at = -1;  // the offsets sa and sb were split at (-1: none yet)
+  for (std::int64_t z = 0; z < plan.batch; ++z) {
+    std::int64_t a_off, b_off;
+    batch_offsets(plan.batch_strides, z, a_off, b_off);
+    if (a_off != a_split_at) {
+      sa = split_operand(pa.as_strided({plan.m, plan.k}, {pa.stride(-2), pa.stride(-1)}, pa.storage_offset() + a_off),
+                         false, method);
+      a_split_at = a_off;
     }
+    if (b_off != b_split_at) {  // (B transposed: [n, k])
+      sb = split_operand(pb.as_strided({plan.n, plan.k}, {pb.stride(-1), pb.stride(-2)}, pb.storage_offset() + b_off),
+                         true, method);
+      b_split_at = b_off;
+    }
+    corrected_matmul_2d(sa, sb, out.data_ptr<float>() + z * plan.m * plan.n, method);
   }
   return out.view(plan.out_shape);
 }
