@@ -87,10 +87,23 @@ using fragment_t = nvcuda::wmma::fragment<typename detail::use_type<U>::type, M,
 
 template <class Frag> struct fragment_traits {
   static_assert(detail::always_false<Frag>, "wmmae: this argument must be an nvcuda::wmma::fragment");
+  // Placeholders of a fragment without elements, so that the assertion above is a misuse's only error (the
+  // primitives' bodies compile against these instead of failing on every missing member).
+  static constexpr bool known = false;  // (checks that would fail on the placeholders test it first)
+  using fragment_type = Frag;
+  using storage_type = float;
+  static constexpr Use use = Use::matrix_a;
+  static constexpr Elem elem = Elem::f32;
+  static constexpr Order order = Order::row_major;
+  static constexpr int m = 0, n = 0, k = 0;
+  static constexpr CoreLayout layout = CoreLayout{0, 0, 0, 1, false, 0, {{0, 0}}};  // period() 0: no element
+  template <int X>
+  WMMAE_HD static constexpr RowCol position(int) { return RowCol{0, 0}; }
 };
 
 template <class U, int M, int N, int K, class T, class L>
 struct fragment_traits<nvcuda::wmma::fragment<U, M, N, K, T, L>> {
+  static constexpr bool known = true;
   using fragment_type = nvcuda::wmma::fragment<U, M, N, K, T, L>;
   using storage_type = typename fragment_type::storage_element_type;  // type of frag.x[i]
   static constexpr Use use = detail::use_of<U>::value;

@@ -177,8 +177,9 @@ WMMAE_HD constexpr Holders map(int i, int j) {
 template <class Frag>
 __device__ __forceinline__ void fill_zero(Frag& frag) {
   using S = typename fragment_traits<Frag>::storage_type;
+  constexpr int kElements = fragment_traits<Frag>::layout.num_elements;  // (Frag::num_elements, checked there)
 #pragma unroll
-  for (int x = 0; x < Frag::num_elements; ++x) frag.x[x] = convert<S>(0.0f);
+  for (int x = 0; x < kElements; ++x) frag.x[x] = convert<S>(0.0f);
 }
 
 // alpha * I (paper section 4.2): for accumulators (alpha*I + A*B in one mma) and for operands.
@@ -422,7 +423,7 @@ __device__ __forceinline__ void foreach_row_quad(const Frag& frag, F&& f) {
   using Tr = fragment_traits<Frag>;
   using S = typename Tr::storage_type;
   constexpr CoreLayout L = Tr::layout;
-  static_assert(detail::has_row_quads(L), "foreach_row_quad: this fragment has no side-by-side core pairs");
+  static_assert(!Tr::known || detail::has_row_quads(L), "foreach_row_quad: this fragment has no side-by-side core pairs");
   const int lane = lane_id();
   const bool odd = lane & 1;
   detail::static_for<0, L.num_cores>([&](auto core) {

@@ -30,9 +30,27 @@ __global__ void misuse(const __half* p) {
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
   wmmae::load_matrices_with_op(reinterpret_cast<const __nv_bfloat16*>(p), 16,
                                [](__nv_bfloat16, int, int, auto, auto&, auto&) {}, a, acc);
-#elif MISUSE == 5  // something that is not a fragment
-  int not_a_fragment = 0;
+#elif MISUSE == 5  // something that is not a fragment, given to every primitive: one error, the assertion's
+  float not_a_fragment[8];
+  float out[16];
+  const float* in = reinterpret_cast<const float*>(p);
+  auto keep = [](float v) { return v; };
   wmmae::fill_zero(not_a_fragment);
+  wmmae::make_identity(not_a_fragment, 1.0f);
+  wmmae::foreach(not_a_fragment, [&](int x, int i, int j) { out[x] = i + j; });
+  wmmae::foreach_ij(not_a_fragment, [&](auto xs, int i, int j) { out[xs.first] = i + j; });
+  wmmae::foreach_diagonal(not_a_fragment, [&](auto xs, int i) { out[xs.first] = i; });
+  (void)wmmae::map<float[8]>(0, 0);
+  (void)wmmae::has_row_quads<float[8]>();
+  wmmae::load_vector(not_a_fragment, in, 8);
+  wmmae::store_vector(out, not_a_fragment, 8);
+  wmmae::load_matrix_with_op(not_a_fragment, in, 16, keep);
+  wmmae::load_matrix_with_op(not_a_fragment, in, 16, wmmae::TileBounds{3, 3}, 0.0f, keep);
+  wmmae::load_matrix_with_op(not_a_fragment, in, 16, wmma::mem_row_major, keep);
+  wmmae::load_matrices_with_op(in, 16, [](float, int, int, auto, auto&) {}, not_a_fragment);
+  wmmae::store_matrix_with_op(out, not_a_fragment, 16, wmma::mem_row_major, wmmae::TileBounds{3, 3},
+                              [](float v, int, int) { return v; });
+  wmmae::foreach_row_quad(not_a_fragment, [&](int i, int j, auto quad) { out[i + j] = quad.v[0]; });
 #elif MISUSE == 6  // a sub-byte fragment (no layout in the table)
   wmma::fragment<wmma::matrix_a, 8, 8, 32, wmma::experimental::precision::s4, wmma::row_major> a;
   wmmae::fill_zero(a);
