@@ -190,40 +190,40 @@ void corrected_matmul_2d(const SplitOperand& sa, const SplitOperand& sb, float* 
   const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
   const int chunk = accumulation_chunk(m, n), log2_k = ceil_log2(k);
   const std::int64_t tiles_m = (m + kGemmTile - 1) / kGemmTile, tiles_n = (n + kGemmTile - 1) / kGemmTile;
-  at::parallel_for(0, tiles_m, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t ti = begin; ti < end; ++ti) {
+  // (by output tile, each on its own: a product of few row tiles, as x @ W of one row, still takes every thread)
+  at::parallel_for(0, tiles_m * tiles_n, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t tile = begin; tile < end; ++tile) {
+      const std::int64_t ti = tile / tiles_n, tj = tile % tiles_n;
       const std::int64_t i0 = ti * kGemmTile, i1 = std::min(m, i0 + kGemmTile);
-      for (std::int64_t tj = 0; tj < tiles_n; ++tj) {
-        const std::int64_t j0 = tj * kGemmTile, j1 = std::min(n, j0 + kGemmTile);
-        const bool use_fp16 =
-            method == Method::fp16 || (method == Method::automatic && sa.tile_fp16_ok[ti] && sb.tile_fp16_ok[tj]);
-        const bool check = !use_fp16 && !tf32_spans_fit(sa.tile_span[ti], sb.tile_span[tj]);
-        // [(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]
-        bool at_risk[kFallbackQuadrantsPerSide][kFallbackQuadrantsPerSide] = {};
-        for (std::int64_t i = i0; i < i1; ++i) {
-          for (std::int64_t j = j0; j < j1; ++j) {
-            const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
-            float v;
-            if (use_fp16) {
-              v = corrected_dot<true>(sa.fp16_hi.data() + ai, sa.fp16_lo.data() + ai, sb.fp16_hi.data() + bj,
-                                      sb.fp16_lo.data() + bj, k, wmmae::kFp16ResidualUnscale, chunk);
-              v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
-            } else {
-              v = corrected_dot<false>(sa.tf32_hi.data() + ai, sa.tf32_lo.data() + ai, sb.tf32_hi.data() + bj,
-                                       sb.tf32_lo.data() + bj, k, 1.0f, chunk);
-              v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
-              at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant] |=
-                  check && sa.has_nonzero[i] && sb.has_nonzero[j] &&
-                  split_output_at_risk(v, sa.tf32_shift[i] + sb.tf32_shift[j], log2_k);
-            }
-            out[i * n + j] = v;
+      const std::int64_t j0 = tj * kGemmTile, j1 = std::min(n, j0 + kGemmTile);
+      const bool use_fp16 =
+          method == Method::fp16 || (method == Method::automatic && sa.tile_fp16_ok[ti] && sb.tile_fp16_ok[tj]);
+      const bool check = !use_fp16 && !tf32_spans_fit(sa.tile_span[ti], sb.tile_span[tj]);
+      // [(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]
+      bool at_risk[kFallbackQuadrantsPerSide][kFallbackQuadrantsPerSide] = {};
+      for (std::int64_t i = i0; i < i1; ++i) {
+        for (std::int64_t j = j0; j < j1; ++j) {
+          const std::size_t ai = static_cast<std::size_t>(i * k), bj = static_cast<std::size_t>(j * k);
+          float v;
+          if (use_fp16) {
+            v = corrected_dot<true>(sa.fp16_hi.data() + ai, sa.fp16_lo.data() + ai, sb.fp16_hi.data() + bj,
+                                    sb.fp16_lo.data() + bj, k, wmmae::kFp16ResidualUnscale, chunk);
+            v = std::ldexp(v, -(sa.fp16_shift[i] + sb.fp16_shift[j]));
+          } else {
+            v = corrected_dot<false>(sa.tf32_hi.data() + ai, sa.tf32_lo.data() + ai, sb.tf32_hi.data() + bj,
+                                     sb.tf32_lo.data() + bj, k, 1.0f, chunk);
+            v = std::ldexp(v, -(sa.tf32_shift[i] + sb.tf32_shift[j]));
+            at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant] |=
+                check && sa.has_nonzero[i] && sb.has_nonzero[j] &&
+                split_output_at_risk(v, sa.tf32_shift[i] + sb.tf32_shift[j], log2_k);
           }
+          out[i * n + j] = v;
         }
-        for (std::int64_t i = i0; i < i1; ++i) {
-          for (std::int64_t j = j0; j < j1; ++j) {
-            if (!at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]) continue;
-            out[i * n + j] = fma_dot(sa, i, sb, j, chunk);
-          }
+      }
+      for (std::int64_t i = i0; i < i1; ++i) {
+        for (std::int64_t j = j0; j < j1; ++j) {
+          if (!at_risk[(i - i0) / kFallbackQuadrant][(j - j0) / kFallbackQuadrant]) continue;
+          out[i * n + j] = fma_dot(sa, i, sb, j, chunk);
         }
       }
     }
