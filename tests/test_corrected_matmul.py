@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from unittest import mock
 
 import pytest
@@ -2014,9 +2015,9 @@ def test_k_splits_switch(monkeypatch):
     monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", "4")
     with deterministic():
         assert grid(4096, 4096, 4096, 1, 132)[1] == 1
-    for value in ("0", "-2", "four", "3.5", "70000"):
+    for value in ("0", "-2", "four", "3.5", "70000", " 4", "+4"):
         monkeypatch.setenv("TORCH_WMMAE_K_SPLITS", value)
-        with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_K_SPLITS must be a positive integer.*'{value}'"):
+        with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_K_SPLITS must be a positive integer.*'{re.escape(value)}'"):
             grid(128, 128, 4096, 1, 132)
 
 
@@ -2086,10 +2087,17 @@ def test_plan_ops_reject_sizes_they_cannot_plan():
     for m, n, batch in [(0, 128, 1), (128, 0, 1), (128, 128, 0)]:
         with pytest.raises(RuntimeError, match="'m', 'n' and 'batch' must be positive"):
             grid(m, n, 1024, batch, 132)
-    for m, n, k, batch in [(2**62, 2**62, 1024, 1), (2**40, 2**40, 1024, 2**10), (1, 1, 2**63 - 1, 1),
-                           (2**63 - 1, 1, 1, 1), (1, 2**63 - 1, 1, 1)]:  # (the last two: m + 127 would wrap)
-        with pytest.raises(RuntimeError, match=r"times 'batch', and 'm', 'n' and 'k', must be at most 2\^62"):
+    for m, n, k in [(1, 1, 2**63 - 1), (2**63 - 1, 1, 1), (1, 2**63 - 1, 1)]:  # (the last two: m + 127 would wrap)
+        with pytest.raises(RuntimeError, match=r"'m', 'n' and 'k' must be at most 2\^62"):
+            grid(m, n, k, 1, 132)
+    # (2^37 x 2^37 with K = 2^20: 2^60 tiles, whose 8 long-K splits made blocks() wrap to -2^63)
+    for m, n, k, batch in [(2**62, 2**62, 1024, 1), (2**40, 2**40, 1024, 2**10), (2**37, 2**37, 2**20, 1),
+                           (2**30, 2**30, 1024, 2**33)]:
+        with pytest.raises(RuntimeError, match=r"tiles times 'batch' must be at most 2\^46"):
             grid(m, n, k, batch, 132)
+    for m, n, k, batch in [(2**30, 2**30, 2**20, 1), (128, 128, 2**40, 2**46), (2**23, 2**23, 2**30, 1)]:
+        tiles, splits, blocks = grid(m, n, k, batch, 132, 50 * 2**20)[:3]  # (at the bound: blocks() within 64 bits)
+        assert blocks == tiles * splits * min(batch, 65535) > 0, (m, n, k, batch)
     # Problems as large as operands and outputs on a GPU can be plan, stream-K or not: a 2^32-entry batch of dot
     # products of 2^30 (operands broadcast), a 2^17 x 2^17 output of K = 2^17, one tile of K = 2^35.
     with mock.patch.dict(os.environ, {"TORCH_WMMAE_STREAM_K": "1"}):

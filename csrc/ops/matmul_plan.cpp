@@ -161,7 +161,8 @@ int positive_env_int(const char* name, const char* what, long max) {
   if (env == nullptr || *env == '\0') return 0;
   char* end = nullptr;
   const long value = std::strtol(env, &end, 10);
-  TORCH_CHECK(*end == '\0' && value >= 1 && value <= max, "corrected_matmul: the environment variable ", name,
+  // (digits only: strtol would take " 4" and "+4")
+  TORCH_CHECK(*env >= '0' && *env <= '9' && *end == '\0' && value >= 1 && value <= max, "corrected_matmul: the environment variable ", name,
               " must be a positive integer (", what, ") of at most ", max, ", got '", env, "'");
   return static_cast<int>(value);
 }
@@ -349,14 +350,17 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
               " and ", k);
   TORCH_CHECK(sm_count > 0 && sm_count < (1 << 20), "plan_gemm_grid: argument 'sm_count' must be a positive SM "
               "count, got ", sm_count);
-  // An output has at least one element per tile and batch entry, so a tensor's would never fail this; it keeps
-  // the plan's counts of tiles within 64 bits (stream-K's larger products are bounded in stream_k_blocks).
-  // (m, n and k bounded too: the tile and stage counts round them up, which must not overflow)
+  // An output has at least one element per tile and batch entry, so a tensor's would never fail these (2^46
+  // floats are 256 TiB); they keep the plan's counts within 64 bits: blocks() = tiles x splits (< 2^16) x batch
+  // slots (stream-K's larger products are bounded in stream_k_blocks). (m, n and k bounded too: the tile and stage
+  // counts round them up, which must not overflow.)
   constexpr std::int64_t kMaxExtent = std::int64_t{1} << 62;
+  TORCH_CHECK(m <= kMaxExtent && n <= kMaxExtent && k <= kMaxExtent,
+              "plan_gemm_grid: arguments 'm', 'n' and 'k' must be at most 2^62, got m = ", m, ", n = ", n, ", k = ", k);
   TORCH_CHECK(std::ceil(static_cast<double>(m) / kGemmTile) * std::ceil(static_cast<double>(n) / kGemmTile) *
-                      static_cast<double>(batch) <= 0x1p62 && m <= kMaxExtent && n <= kMaxExtent && k <= kMaxExtent,
-              "plan_gemm_grid: the output's 128x128 tiles times 'batch', and 'm', 'n' and 'k', must be at most 2^62, "
-              "got m = ", m, ", n = ", n, ", k = ", k, ", batch = ", batch);
+                  static_cast<double>(batch) <= 0x1p46,
+              "plan_gemm_grid: the output's 128x128 tiles times 'batch' must be at most 2^46, got m = ", m, ", n = ", n,
+              ", batch = ", batch);
   TORCH_CHECK(l2_bytes >= 0, "plan_gemm_grid: argument 'l2_bytes' must be non-negative, got ", l2_bytes);
   const int forced_splits = positive_env_int("TORCH_WMMAE_K_SPLITS", "splits of K", kMaxGridYZ);
   GemmGrid grid{};
