@@ -239,6 +239,18 @@ def test_long_k_split_of_a_small_grid(gemm_device, gen, monkeypatch, method):
 
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("value", ["-1", "99999999999999999999999", " 166912", "+166912", "160k", ""])
+def test_smem_per_block_switch_rejects_what_is_not_a_byte_count(monkeypatch, value):
+    """TORCH_WMMAE_SMEM_PER_BLOCK caps the shared memory the kernels may take; a value that is not a plain number of
+    bytes is an error naming the variable (strtoull took "-1" as 2^64 - 1 and saturated past its range: no cap)."""
+    monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", value)
+    a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '{re.escape(value)}'"):
+        torch_wmmae.corrected_matmul(a, b)
+
+
+@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("value", ["0", "-2", "four", "3.5"])
 def test_tile_group_rows_switch_rejects_what_is_not_a_positive_integer(monkeypatch, value):
     monkeypatch.setenv("TORCH_WMMAE_TILE_GROUP_ROWS", value)
