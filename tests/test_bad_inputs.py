@@ -116,10 +116,13 @@ MATMUL_CASES = {
     "both_none": (lambda t: (None, None), RuntimeError, r"argument 'a'"),
     # Sparse, quantized, MKL-DNN and nested tensors reach the op's kernels for their dispatch keys
     # (csrc/registration.cpp).
-    "a_sparse": (lambda t: (t(3, 4).to_sparse(), t(4, 2)), RuntimeError, r"argument 'a'"),
-    "b_sparse_csr": (lambda t: (t(3, 4), t(4, 2).to_sparse_csr()), RuntimeError, r"argument 'b'"),
+    "a_sparse": (lambda t: (t(3, 4).to_sparse(), t(4, 2)), RuntimeError,
+                 r"argument 'a' must be a dense \(strided\) tensor, got torch.sparse_coo"),
+    "b_sparse_csr": (lambda t: (t(3, 4), t(4, 2).to_sparse_csr()), RuntimeError,
+                     r"argument 'b' must be a dense \(strided\) tensor, got torch.sparse_csr"),
     "a_quantized": (lambda t: (torch.quantize_per_tensor(t(3, 4), 0.1, 0, torch.qint8), t(4, 2)), RuntimeError, A_DTYPE),
-    "b_mkldnn": (lambda t: (t(3, 4), t(4, 2).cpu().to_mkldnn()), RuntimeError, r"argument 'b' must be a dense \(strided\) tensor"),
+    "b_mkldnn": (lambda t: (t(3, 4), t(4, 2).cpu().to_mkldnn()), RuntimeError,
+                 r"argument 'b' must be a dense \(strided\) tensor, got torch._mkldnn"),
     "a_nested": (lambda t: (_nested(t(3, 4), t(2, 4)), t(4, 2)), RuntimeError,
                  r"argument 'a' must be a dense \(strided\) tensor, got a nested tensor"),
     "b_nested_jagged": (lambda t: (t(3, 4), _nested(t(4, 2), t(4, 2), layout=torch.jagged)), RuntimeError,
@@ -201,7 +204,8 @@ OUTER_CASES = {
     "u_none": (lambda t: (None, None, 0.0, None), RuntimeError, r"argument 'u'"),
     # Sparse, quantized, MKL-DNN and nested tensors reach the op's kernels for their dispatch keys
     # (csrc/registration.cpp).
-    "u_sparse": (lambda t: (t(3, 4).to_sparse(), None, 0.0, None), RuntimeError, r"argument 'u'"),
+    "u_sparse": (lambda t: (t(3, 4).to_sparse(), None, 0.0, None), RuntimeError,
+                 r"argument 'u' must be a dense \(strided\) tensor, got torch.sparse_coo"),
     "v_sparse": (lambda t: (t(3, 4), t(3, 4).to_sparse(), 0.0, None), RuntimeError, r"argument 'v'"),
     "u_quantized": (lambda t: (torch.quantize_per_tensor(t(3, 4), 0.1, 0, torch.quint8), None, 0.0, None), RuntimeError, U_DTYPE),
     "v_mkldnn": (lambda t: (t(3, 4), t(3, 4).cpu().to_mkldnn(), 0.0, None), RuntimeError, r"argument 'v'"),

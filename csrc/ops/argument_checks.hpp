@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <sstream>
 #include <string>
 
 namespace wmmae_ops {
@@ -18,11 +19,30 @@ inline std::string dtype_name(at::ScalarType t) {
   }
 }
 
+// The name Python users write for a layout (c10 prints Sparse, SparseCsr, Mkldnn, ...).
+inline std::string layout_name(c10::Layout layout) {
+  switch (layout) {
+    case c10::kStrided: return "torch.strided";
+    case c10::kSparse: return "torch.sparse_coo";
+    case c10::kSparseCsr: return "torch.sparse_csr";
+    case c10::kSparseCsc: return "torch.sparse_csc";
+    case c10::kSparseBsr: return "torch.sparse_bsr";
+    case c10::kSparseBsc: return "torch.sparse_bsc";
+    case c10::kMkldnn: return "torch._mkldnn";
+    case c10::kJagged: return "torch.jagged";
+    default: {
+      std::ostringstream name;
+      name << layout;
+      return name.str();
+    }
+  }
+}
+
 // A dense tensor: strided and not nested. (Sparse, quantized, MKL-DNN and nested tensors reach the ops' kernels
 // registered for their dispatch keys in registration.cpp, which run these checks.)
 inline void check_dense(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.layout() == at::kStrided, op, ": argument '", name, "' must be a dense (strided) tensor, got layout ",
-              t.layout());
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": argument '", name, "' must be a dense (strided) tensor, got ",
+              layout_name(t.layout()));
   TORCH_CHECK(!t.is_nested(), op, ": argument '", name, "' must be a dense (strided) tensor, got a nested tensor");
 }
 
