@@ -328,6 +328,15 @@ def poisoned_cuda_pool(value, dtype=torch.float32, large: bool = False):
     assert _segments_allocated() == poisoned_segments, "the call allocated outside the poisoned segments"
 
 
+def poisoned_pool_where_possible(device, value, dtype=torch.float32, large: bool = False):
+    """poisoned_cuda_pool(value, dtype, large) for a CUDA call where the caching allocator runs; elsewhere (the CPU,
+    or compute-sanitizer, which turns the allocator off and watches the accesses itself) no pool, instead of the
+    skip poisoned_cuda_pool would make."""
+    if torch.device(device).type == "cuda" and cuda_caching_allocator_on():
+        return poisoned_cuda_pool(value, dtype, large)
+    return contextlib.nullcontext()
+
+
 def poisoned_output(call, shape, dtype=torch.float32) -> torch.Tensor:
     """call()'s output, which must land in memory just filled with NaN: for outputs too large for
     poisoned_cuda_pool's segments (test_large's gigabytes), a private pool whose only free block is a poisoned one

@@ -25,10 +25,11 @@ import pytest
 import torch
 
 import torch_wmmae
-from conftest import (DEVICES, READ_BACK_KERNEL, SMALL_GEMM_KERNEL_ARGS, cuda_caching_allocator_on, deterministic,
+from conftest import (DEVICES, READ_BACK_KERNEL, SMALL_GEMM_KERNEL_ARGS, deterministic,
                       device_gemm_grid, extension_cubin_archs, extension_has_sm90a_code, launched_kernels,
-                      outputs_at_risk, persistent_slots_batch, poisoned_cuda_pool, profiler_records_kernels,
-                      random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm, U32)
+                      outputs_at_risk, persistent_slots_batch, poisoned_cuda_pool, poisoned_pool_where_possible,
+                      profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err,
+                      requires_cuda, runs_sm90_gemm, U32)
 from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
 
 METHODS = ["fp16", "tf32", "auto"]
@@ -292,9 +293,7 @@ def test_corrected_matmul_flush_paths(gemm_device, gen, case):
         assert device_gemm_grid(m, n, k)[1] > 1, "the shape must split K"
     # (On CUDA, where the caching allocator runs (not under compute-sanitizer), the output comes from memory filled
     # with NaN: an element no flush writes stays NaN, or 0 where split-K's pre-pass zeroed it; the bound refuses both.)
-    pool = (poisoned_cuda_pool(float("nan")) if gemm_device == "cuda" and cuda_caching_allocator_on()
-            else contextlib.nullcontext())
-    with deterministic(not split_k), pool:
+    with deterministic(not split_k), poisoned_pool_where_possible(gemm_device, float("nan")):
         out = torch_wmmae.corrected_matmul(a, b, method="fp16")
     assert_matmul_within_dot_product_bound(out, a, b, case)
 
@@ -382,8 +381,7 @@ def _same_bits_by_switch(monkeypatch, switch: str, values, a, b, method: str, wh
     call = lambda: torch_wmmae.corrected_matmul(a, b, method=method)
     # (Operand copies may exceed the pool's small blocks. Under compute-sanitizer, where the pool would skip, the
     # tool watches the accesses instead.)
-    pool = (lambda: poisoned_cuda_pool(float("nan"), large=True)) if cuda_caching_allocator_on() \
-        else contextlib.nullcontext
+    pool = lambda: poisoned_pool_where_possible("cuda", float("nan"), large=True)
     outs, kernels = _calls_by_switch(monkeypatch, switch, values, call, deterministic_mode, pool=pool)
     first, *others = values
     for value in others:
@@ -2244,8 +2242,7 @@ def test_batched_outer_paths(device, gen, in_dtype, out_dtype, n, batch, offset)
     # (On CUDA, where the caching allocator runs (not under compute-sanitizer), the outputs, at most 720 KB each,
     # come from memory filled with NaN: an element the kernel does not write stays NaN, which assert_outer_correct
     # refuses.)
-    poisoned = device == "cuda" and cuda_caching_allocator_on()
-    with poisoned_cuda_pool(float("nan"), OUT_DTYPES[out_dtype]) if poisoned else contextlib.nullcontext():
+    with poisoned_pool_where_possible(device, float("nan"), OUT_DTYPES[out_dtype]):
         out = torch_wmmae.batched_outer(u, v, alpha=0.75, out_dtype=OUT_DTYPES[out_dtype])
         same = torch_wmmae.batched_outer(u, alpha=0.75, out_dtype=OUT_DTYPES[out_dtype])  # v = u: staged once
     assert_outer_correct(out, u, v, 0.75, OUT_DTYPES[out_dtype])
