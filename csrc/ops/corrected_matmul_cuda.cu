@@ -46,7 +46,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -605,11 +604,8 @@ struct KernelChoice {
 std::size_t smem_per_block(const cudaDeviceProp& props) {
   std::size_t bytes = props.sharedMemPerBlockOptin;
   if (const char* cap = std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK")) {
-    // (digits only: strtoull takes "-1" and wraps it, and saturates past its range, either of which would lift the cap)
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long value = std::strtoull(cap, &end, 10);
-    TORCH_CHECK(*cap >= '0' && *cap <= '9' && *end == '\0' && errno != ERANGE,
+    unsigned long long value = 0;
+    TORCH_CHECK(parse_decimal(cap, value),
                 "corrected_matmul: the environment variable TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '",
                 cap, "'");
     bytes = std::min<std::size_t>(bytes, value);

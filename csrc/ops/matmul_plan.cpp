@@ -159,11 +159,10 @@ int nonempty_splits(std::int64_t k, int splits) {
 int positive_env_int(const char* name, const char* what, long max) {
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return 0;
-  char* end = nullptr;
-  const long value = std::strtol(env, &end, 10);
-  // (digits only: strtol would take " 4" and "+4")
-  TORCH_CHECK(*env >= '0' && *env <= '9' && *end == '\0' && value >= 1 && value <= max, "corrected_matmul: the environment variable ", name,
-              " must be a positive integer (", what, ") of at most ", max, ", got '", env, "'");
+  unsigned long long value = 0;
+  TORCH_CHECK(parse_decimal(env, value) && value >= 1 && value <= static_cast<unsigned long long>(max),
+              "corrected_matmul: the environment variable ", name, " must be a positive integer (", what,
+              ") of at most ", max, ", got '", env, "'");
   return static_cast<int>(value);
 }
 

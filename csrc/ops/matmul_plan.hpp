@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -191,6 +192,16 @@ WMMAE_HD inline TileWork stream_k_piece(std::int64_t unit, std::int64_t end_unit
 inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// Whether `text` is a plain decimal number within unsigned long long's range, stored in `value` (the switches'
+// numbers: digits only, since strtoull takes " 4" and "+4", and "-1" as 2^64 - 1, and saturates past its range).
+inline bool parse_decimal(const char* text, unsigned long long& value) {
+  if (*text < '0' || *text > '9') return false;
+  char* end = nullptr;
+  errno = 0;
+  value = std::strtoull(text, &end, 10);
+  return *end == '\0' && errno != ERANGE;
 }
 
 }  // namespace wmmae_ops
