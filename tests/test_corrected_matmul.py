@@ -2021,6 +2021,36 @@ def test_k_splits_switch(monkeypatch):
             grid(128, 128, 4096, 1, 132)
 
 
+def test_yes_no_switches_take_0_or_1(gen, monkeypatch):
+    """A yes/no kernel switch takes 0 or 1; empty means unset; anything else is an error naming the variable and the
+    values it takes (TORCH_WMMAE_STREAM_K=2 or =yes once read as unset, silently). Through the two switches the CPU
+    reads: TORCH_WMMAE_STREAM_K (the grid plan) and TORCH_WMMAE_FOLD_BATCH (the CPU emulation); the CUDA op reads
+    the others through the same function (test_gpu_switches_refuse_what_they_do_not_take)."""
+    monkeypatch.delenv("TORCH_WMMAE_K_SPLITS", raising=False)
+    grid = torch.ops.wmmae._corrected_matmul_grid
+    shape = (128, 11520, 4096, 1, 132)  # (stream-K where unset)
+    plans = {}
+    for value in ("unset", "", "0", "1"):
+        if value == "unset":
+            monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_WMMAE_STREAM_K", value)
+        plans[value] = grid(*shape)
+    assert plans[""] == plans["unset"] and plans["unset"][3] > 0, plans
+    assert plans["0"][3] == 0 and plans["1"][3] > 0, plans
+    assert grid(4096, 4096, 4096, 1, 132)[3] > 0  # (=1: stream-K where it would not run unset)
+    x = random_tensor(gen, (3, 20, 16), "normal", "cpu")
+    w = random_tensor(gen, (16, 8), "normal", "cpu")
+    for switch, call in (("TORCH_WMMAE_STREAM_K", lambda: grid(*shape)),
+                         ("TORCH_WMMAE_FOLD_BATCH", lambda: corrected_matmul(x, w))):
+        monkeypatch.delenv("TORCH_WMMAE_STREAM_K", raising=False)
+        for value in ("2", "yes", "true", "on", " 1", "1 ", "01", "-0"):
+            monkeypatch.setenv(switch, value)
+            with pytest.raises(RuntimeError, match=f"{switch} must be 0 or 1 \\(or unset\\), got '{re.escape(value)}'"):
+                call()
+        monkeypatch.delenv(switch)
+
+
 # What a stream-K block costs beyond its k-stages for each tile boundary its share crosses (one more piece: line
 # scales, pipeline fill, a flush of atomics), in k-stages; matmul_plan.hpp's kStreamKCrossingStages.
 CROSSING_STAGES = 4

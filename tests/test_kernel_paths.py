@@ -240,13 +240,45 @@ def test_long_k_split_of_a_small_grid(gemm_device, gen, monkeypatch, method):
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("value", ["-1", "99999999999999999999999", " 166912", "+166912", "160k", ""])
+@pytest.mark.parametrize("value", ["-1", "0", "99999999999999999999999", "2000000000", " 166912", "+166912", "160k"])
 def test_smem_per_block_switch_rejects_what_is_not_a_byte_count(monkeypatch, value):
-    """TORCH_WMMAE_SMEM_PER_BLOCK caps the shared memory the kernels may take; a value that is not a plain number of
-    bytes is an error naming the variable (strtoull took "-1" as 2^64 - 1 and saturated past its range: no cap)."""
+    """TORCH_WMMAE_SMEM_PER_BLOCK caps the shared memory the kernels may take; a value that is not a plain positive
+    number of bytes (up to 2^30) is an error naming the variable (strtoull took "-1" as 2^64 - 1 and saturated past
+    its range: no cap)."""
     monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", value)
     a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
-    with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '{re.escape(value)}'"):
+    with pytest.raises(RuntimeError, match=rf"TORCH_WMMAE_SMEM_PER_BLOCK must be a positive integer \(bytes\) of at "
+                                           rf"most 1073741824, got '{re.escape(value)}'"):
+        torch_wmmae.corrected_matmul(a, b)
+
+
+# Switches that a 64^3 product reads on the GPU (the kernel choice on H100/H200; the small GEMM's choices on any
+# GPU), each with a value it does not take and the values it does.
+GPU_SWITCH_VALUES = {
+    "TORCH_WMMAE_PORTABLE_GEMM": ("yes", "0 or 1"),
+    "TORCH_WMMAE_SM90_TMA": ("off", "0 or 1"),
+    "TORCH_WMMAE_SMALL_GEMM": ("2", "0 or 1"),
+    "TORCH_WMMAE_SMALL_TILE": ("48", "16, 32 or 64"),
+}
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch", list(GPU_SWITCH_VALUES))
+def test_gpu_switches_refuse_what_they_do_not_take(monkeypatch, switch):
+    """A kernel switch set to a value it does not take is an error naming the variable and the values it takes,
+    not read as unset (test_yes_no_switches_take_0_or_1 checks the function on the CPU); empty means unset: the same
+    bits as unset."""
+    if switch in ("TORCH_WMMAE_PORTABLE_GEMM", "TORCH_WMMAE_SM90_TMA") and not runs_sm90_gemm():
+        pytest.skip("read where the wgmma GEMM can run (H100/H200)")
+    a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    monkeypatch.delenv(switch, raising=False)
+    unset = torch_wmmae.corrected_matmul(a, b)
+    monkeypatch.setenv(switch, "")
+    assert torch.equal(torch_wmmae.corrected_matmul(a, b), unset)
+    value, takes = GPU_SWITCH_VALUES[switch]
+    monkeypatch.setenv(switch, value)
+    with pytest.raises(RuntimeError, match=rf"{switch} must be {takes} \(or unset\), got '{value}'"):
         torch_wmmae.corrected_matmul(a, b)
 
 

@@ -56,6 +56,7 @@
 #include "../wmmae/wmmae.hpp"
 #include "corrected_matmul_scheme.hpp"
 #include "dynamic_smem.cuh"
+#include "kernel_switches.hpp"
 #include "matmul_plan.hpp"
 
 namespace wmmae_ops {
@@ -582,7 +583,7 @@ namespace wmmae_ops {
 namespace {
 
 // The GEMM kernels a call runs and how they are launched, decided once per call from the device and the
-// environment (env_is). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
+// environment (kernel_switches.hpp). sm90: the wgmma kernel for the fp16 GEMM on compute capability 9.0 when the build
 // includes sm_90a code (setup.py), unless TORCH_WMMAE_PORTABLE_GEMM=1 asks for the WMMA kernel. sm90_tma: its
 // fp32 stages may come by TMA (see TmaReadable), unless TORCH_WMMAE_SM90_TMA=0 asks for cp.async always (the
 // outputs are the same bits). overlap_launches: a kernel may start while the one before it runs (programmatic
@@ -601,14 +602,11 @@ struct KernelChoice {
   std::size_t wmma_smem_needed = 0;
 };
 
+constexpr std::uint64_t kMaxSmemPerBlockSwitch = std::uint64_t{1} << 30;  // (far above any GPU's: a cap only lowers)
 std::size_t smem_per_block(const cudaDeviceProp& props) {
   std::size_t bytes = props.sharedMemPerBlockOptin;
-  if (const char* cap = std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK")) {
-    unsigned long long value = 0;
-    TORCH_CHECK(parse_decimal(cap, value),
-                "corrected_matmul: the environment variable TORCH_WMMAE_SMEM_PER_BLOCK must be a number of bytes, got '",
-                cap, "'");
-    bytes = std::min<std::size_t>(bytes, value);
+  if (const std::uint64_t cap = env_positive_number("TORCH_WMMAE_SMEM_PER_BLOCK", "bytes", kMaxSmemPerBlockSwitch)) {
+    bytes = std::min<std::size_t>(bytes, cap);
   }
   return bytes;
 }
@@ -616,8 +614,8 @@ std::size_t smem_per_block(const cudaDeviceProp& props) {
 KernelChoice choose_kernels(const cudaDeviceProp& props) {
   KernelChoice choice;
 #ifdef WMMAE_HAS_SM90A
-  choice.sm90 = props.major == 9 && props.minor == 0 && !env_is("TORCH_WMMAE_PORTABLE_GEMM", "1");
-  choice.sm90_tma = choice.sm90 && !env_is("TORCH_WMMAE_SM90_TMA", "0");
+  choice.sm90 = props.major == 9 && props.minor == 0 && env_switch("TORCH_WMMAE_PORTABLE_GEMM") != Switch::kOn;
+  choice.sm90_tma = choice.sm90 && env_switch("TORCH_WMMAE_SM90_TMA") != Switch::kOff;
 #endif
   choice.smem_per_block = smem_per_block(props);
   choice.wmma_compact = !choice.sm90 && wmma_gemm_smem_bytes<Method::fp16, false>() > choice.smem_per_block;
@@ -695,7 +693,7 @@ bool operand_by_residue_applies(const GemmArgs& args, std::int64_t lines, const 
   const bool residues_shared_by_batch =
       args.num_batches == 1 ||
       (args.batch.ndim == 1 && batch_strides[0] * static_cast<std::int64_t>(sizeof(float)) % 16 == 0);
-  return residues_shared_by_batch && lines >= sm90::kLineResidues && !env_is(switch_name, "0");
+  return residues_shared_by_batch && lines >= sm90::kLineResidues && env_switch(switch_name) != Switch::kOff;
 }
 
 // Where the tile GEMMs would read a copy of an A that one TMA map cannot read (tma_copies_apply), or copy its stages
@@ -830,7 +828,7 @@ dim3 tf32_exit_grid(dim3 grid, int blocks_per_sm, int sm_count) {
 // same build, 512 x 128^2 x 64 auto 35.88 against 35.86 us, 2000 x 128^2 x 64 122.39 against 122.01); for fp16 it
 // had been slower (512 x 128^2 x 64: 34.5 -> 34.8-35.1), as for grids of more than one tile (64 x 512^3, 8 x 1024^3:
 // the same or about 1% slower).
-bool late_dependents_apply() { return env_is("TORCH_WMMAE_LATE_DEPENDENTS", "1"); }
+bool late_dependents_apply() { return env_switch("TORCH_WMMAE_LATE_DEPENDENTS") == Switch::kOn; }
 
 // Whether the wgmma fp16 kernel reads the partial sums back in one batch (its kReadBack instantiation): wherever
 // a block sums more than one chunk of K into the output itself (no split-K): small outputs' chunks of 1024 (a
@@ -845,7 +843,7 @@ bool late_dependents_apply() { return env_is("TORCH_WMMAE_LATE_DEPENDENTS", "1")
 // TORCH_WMMAE_READ_BACK=0 reads back element by element (the same arithmetic: the same bits).
 bool sm90_read_back(const GemmArgs& args) {
   return !args.adds_into_output() && args.k > accumulation_chunk(args.m, args.n) &&
-         !env_is("TORCH_WMMAE_READ_BACK", "0");
+         env_switch("TORCH_WMMAE_READ_BACK") != Switch::kOff;
 }
 
 // Whether the wgmma fp16 kernel with TMA stages (not the one beside the resident pre-pass) is an odd-width
@@ -869,7 +867,7 @@ bool sm90_read_back(const GemmArgs& args) {
 // 8192 x 4096 110.4 -> 111.5). TORCH_WMMAE_STAGED_FLUSH=0 runs the plain instantiations (the same bits, where at
 // most two atomics add into an output).
 bool staged_flush_applies(const GemmArgs& args) {
-  return args.n % 2 != 0 && !env_is("TORCH_WMMAE_STAGED_FLUSH", "0") &&
+  return args.n % 2 != 0 && env_switch("TORCH_WMMAE_STAGED_FLUSH") != Switch::kOff &&
          (!sm90_read_back(args) || accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall);
 }
 
@@ -883,7 +881,7 @@ bool staged_flush_applies(const GemmArgs& args) {
 bool resident_prepass_applies(const GemmArgs& args, const KernelChoice& kernels) {
   return args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma && kernels.overlap_launches &&
          args.num_batches >= 2 && !args.adds_into_output() && !sm90_read_back(args) &&
-         !env_is("TORCH_WMMAE_RESIDENT_PREPASS", "0");
+         env_switch("TORCH_WMMAE_RESIDENT_PREPASS") != Switch::kOff;
 }
 
 // Whether the fp16 GEMM folds each tile's line ranges from its own stages (GemmArgs::tile_line_ranges), so that
@@ -911,12 +909,13 @@ constexpr std::int64_t kTileRangesFp16Waves = 8;
 constexpr std::int64_t kTileRangesAutoWaves = 16;
 bool tile_line_ranges_apply(const GemmArgs& args, const KernelChoice& kernels, std::int64_t tiles_per_entry,
                             int sm_count) {
-  if (env_is("TORCH_WMMAE_TILE_RANGES", "0")) return false;
+  const Switch tile_ranges = env_switch("TORCH_WMMAE_TILE_RANGES");
+  if (tile_ranges == Switch::kOff) return false;
   const bool can = args.method != Method::tf32 && kernels.sm90 && kernels.sm90_tma &&
                    args.k <= sm90::kStages * sm90::kBlockK && !args.adds_into_output();
   if (!can) return false;
   const std::int64_t waves = args.method == Method::automatic ? kTileRangesAutoWaves : kTileRangesFp16Waves;
-  return env_is("TORCH_WMMAE_TILE_RANGES", "1") || tiles_per_entry == 1 ||
+  return tile_ranges == Switch::kOn || tiles_per_entry == 1 ||
          tiles_per_entry * args.num_batches <= waves * sm_count;
 }
 
@@ -1126,7 +1125,7 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // cp.async (TMA reads one), and so does a large operand that one line of output tiles reads (tma_copies_pay).
 // TORCH_WMMAE_TMA_COPIES=0 turns the copies off (the outputs are the same bits).
 bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
-  return kernels.sm90_tma && args.batch.ndim <= 1 && !env_is("TORCH_WMMAE_TMA_COPIES", "0");
+  return kernels.sm90_tma && args.batch.ndim <= 1 && env_switch("TORCH_WMMAE_TMA_COPIES") != Switch::kOff;
 }
 
 // Whether a call runs the small GEMM (corrected_gemm_small.cuh) instead of the tile GEMMs: fp16 and auto where K fits
@@ -1188,9 +1187,11 @@ constexpr std::int64_t kSmallOddWidthByResidueMinOutputs = std::int64_t{1} << 18
 template <class TmaReads, class ReadsCopies, class ReadsInPlace>
 bool small_gemm_applies(const GemmArgs& args, const KernelChoice& kernels, TmaReads&& tma_reads,
                         ReadsCopies&& tile_gemms_read_copies, ReadsInPlace&& tile_gemms_read_in_place) {
-  if (args.method == Method::tf32 || args.k > kSmallMaxK || env_is("TORCH_WMMAE_SMALL_GEMM", "0")) return false;
+  if (args.method == Method::tf32 || args.k > kSmallMaxK) return false;
+  const Switch forced = env_switch("TORCH_WMMAE_SMALL_GEMM");
+  if (forced == Switch::kOff) return false;
   const std::int64_t outputs = args.num_batches * args.m * args.n;
-  if (env_is("TORCH_WMMAE_SMALL_GEMM", "1") || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
+  if (forced == Switch::kOn || (args.m <= kSmallMaxTile && args.n <= kSmallMaxTile) ||
       (args.m <= kSmallCallExtent && args.n <= kSmallCallExtent && outputs <= kSmallCallOutputs)) {
     return true;
   }
@@ -1226,8 +1227,12 @@ std::int64_t small_gemm_tiles(const GemmArgs& args, int tile) {
 // (but for auto's tiles of float32 FMAs, whose extent is the tile's). TORCH_WMMAE_SMALL_TILE=16, 32 or 64 forces
 // that tile, whatever the output (tests).
 int small_gemm_tile(const GemmArgs& args, int sm_count) {
-  for (const int tile : {16, 32, kSmallMaxTile}) {
-    if (env_is("TORCH_WMMAE_SMALL_TILE", std::to_string(tile).c_str())) return tile;
+  if (const char* forced = env_value("TORCH_WMMAE_SMALL_TILE")) {
+    for (const int tile : {16, 32, kSmallMaxTile}) {
+      if (std::to_string(tile) == forced) return tile;
+    }
+    TORCH_CHECK(false, "corrected_matmul: the environment variable TORCH_WMMAE_SMALL_TILE must be 16, 32 or 64 (or "
+                "unset), got '", forced, "'");
   }
   const std::int64_t extent = std::max(args.m, args.n);
   if (extent <= 16) return 16;
@@ -1274,8 +1279,11 @@ dim3 small_gemm_grid(const GemmArgs& args) {
 // fit on an SM.
 bool small_gemm_hh_per_fragment(std::int64_t blocks, std::int64_t k, int sm_count, int blocks_per_sm_per_k_step,
                                 int blocks_per_sm_per_fragment) {
-  if (env_is("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT", "0")) return false;
-  if (env_is("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT", "1")) return true;
+  switch (env_switch("TORCH_WMMAE_SMALL_HH_PER_FRAGMENT")) {
+    case Switch::kOff: return false;
+    case Switch::kOn: return true;
+    case Switch::kUnset: break;
+  }
   const auto waves = [&](int blocks_per_sm) {
     const std::int64_t wave = static_cast<std::int64_t>(sm_count) * blocks_per_sm;
     return (blocks + wave - 1) / wave;
@@ -1377,12 +1385,14 @@ at::Tensor tma_readable_copy(const at::Tensor& t, bool row_major) {
 constexpr int kBatchResidueClasses = 4;
 constexpr std::int64_t kBatchClassMinWaves = 4;
 bool split_batch_reads_in_place(const GemmArgs& args, bool a_row, bool b_row, bool copy_a, bool copy_b, int sm_count) {
-  if (args.batch.ndim != 1 || args.num_batches < 2 || env_is("TORCH_WMMAE_BATCH_RESIDUE_CLASSES", "0")) return false;
+  if (args.batch.ndim != 1 || args.num_batches < 2) return false;
+  const Switch forced = env_switch("TORCH_WMMAE_BATCH_RESIDUE_CLASSES");
+  if (forced == Switch::kOff) return false;
   GemmArgs one_class = args;
   one_class.batch.a_stride[0] *= kBatchResidueClasses;
   one_class.batch.b_stride[0] *= kBatchResidueClasses;
   one_class.num_batches = (args.num_batches + kBatchResidueClasses - 1) / kBatchResidueClasses;
-  const bool pays = env_is("TORCH_WMMAE_BATCH_RESIDUE_CLASSES", "1") ||
+  const bool pays = forced == Switch::kOn ||
                     one_class.num_batches * gemm_tiles(args.m, args.n) >= kBatchClassMinWaves * sm_count;
   return pays && (!copy_a || a_by_residue_applies(one_class, a_row)) &&
          (!copy_b || b_by_residue_applies(one_class, b_row));
@@ -1461,7 +1471,7 @@ void run_corrected_gemm(MatmulPlan plan, const at::Tensor& out, std::int64_t fir
   TORCH_CHECK(kernels.wmma_smem_needed <= kernels.smem_per_block, "corrected_matmul: the portable WMMA GEMM needs ",
               kernels.wmma_smem_needed, " bytes of shared memory per block, and this ", props.name,
               " (compute capability ", props.major, ".", props.minor, ") allows ", kernels.smem_per_block,
-              std::getenv("TORCH_WMMAE_SMEM_PER_BLOCK") ? " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "",
+              env_value("TORCH_WMMAE_SMEM_PER_BLOCK") ? " (TORCH_WMMAE_SMEM_PER_BLOCK)" : "",
               ". The CUDA kernels run on H100/H200 and on GPUs that allow a block at least 163 KiB, such as the "
               "A100; compute on the CPU elsewhere");
   // A's and B's TMA maps, encoded at most once per call, where a choice below or the wgmma GEMMs ask whether TMA can

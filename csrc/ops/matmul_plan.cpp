@@ -2,6 +2,7 @@
 
 #include "argument_checks.hpp"
 #include "corrected_matmul_scheme.hpp"
+#include "kernel_switches.hpp"
 
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
@@ -122,7 +123,7 @@ MatmulPlan plan_matmul(const at::Tensor& a, const at::Tensor& b, const char* op_
 // (W row-major) 184 / 162, 8 x 1024^3 150 / 146; those keep their batch (for every method and GPU: the other
 // kernels' batched grids were not measured against the fold).
 bool fold_batch_into_rows(MatmulPlan& plan, std::int64_t sm_count, std::int64_t l2_bytes) {
-  if (env_is("TORCH_WMMAE_FOLD_BATCH", "0")) return false;
+  if (env_switch("TORCH_WMMAE_FOLD_BATCH") == Switch::kOff) return false;
   const BatchStrides& bs = plan.batch_strides;
   // (a broadcast too, a batch stride of 0, would fold into rows 0 apart, which TMA cannot read: copied)
   if (plan.batch < 2 || bs.ndim != 1 || bs.b_stride[0] != 0 || bs.a_stride[0] == 0) return false;
@@ -153,17 +154,6 @@ int nonempty_splits(std::int64_t k, int splits) {
   splits = static_cast<int>(std::min<std::int64_t>(splits, std::max<std::int64_t>(1, gemm_k_stages(k))));
   while (splits > 1 && (splits - 1) * k_per_split(k, splits) >= k) --splits;
   return splits;
-}
-
-// A positive integer from the environment variable `name` (at most `max`), 0 where it is unset or empty.
-int positive_env_int(const char* name, const char* what, long max) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return 0;
-  unsigned long long value = 0;
-  TORCH_CHECK(parse_decimal(env, value) && value >= 1 && value <= static_cast<unsigned long long>(max),
-              "corrected_matmul: the environment variable ", name, " must be a positive integer (", what,
-              ") of at most ", max, ", got '", env, "'");
-  return static_cast<int>(value);
 }
 
 // The number of splits that minimizes waves x (k per split + kBlockOverheadK): the busy fraction of the
@@ -228,10 +218,12 @@ bool long_k_split_below_4_waves(std::int64_t blocks, std::int64_t m, std::int64_
 // set the split count (`splits_forced`), which stream-K would replace.
 enum class StreamK { kChoose, kNever, kAlways };
 StreamK stream_k_policy(bool splits_forced) {
-  return env_is("TORCH_WMMAE_STREAM_K", "0")   ? StreamK::kNever
-         : env_is("TORCH_WMMAE_STREAM_K", "1") ? StreamK::kAlways
-         : splits_forced                       ? StreamK::kNever
-                                               : StreamK::kChoose;
+  switch (env_switch("TORCH_WMMAE_STREAM_K")) {
+    case Switch::kOff: return StreamK::kNever;
+    case Switch::kOn: return StreamK::kAlways;
+    case Switch::kUnset: break;
+  }
+  return splits_forced ? StreamK::kNever : StreamK::kChoose;
 }
 
 // Whether stream_k_share's arithmetic stays within 64 bits: it multiplies a block index by all units of work
@@ -361,7 +353,7 @@ GemmGrid plan_gemm_grid(std::int64_t m, std::int64_t n, std::int64_t k, std::int
               "plan_gemm_grid: the output's 128x128 tiles times 'batch' must be at most 2^46, got m = ", m, ", n = ", n,
               ", batch = ", batch);
   TORCH_CHECK(l2_bytes >= 0, "plan_gemm_grid: argument 'l2_bytes' must be non-negative, got ", l2_bytes);
-  const int forced_splits = positive_env_int("TORCH_WMMAE_K_SPLITS", "splits of K", kMaxGridYZ);
+  const int forced_splits = static_cast<int>(env_positive_number("TORCH_WMMAE_K_SPLITS", "splits of K", kMaxGridYZ));
   GemmGrid grid{};
   grid.tiles = gemm_tiles(m, n);
   grid.batch_slots = std::min(batch, kMaxGridYZ);
@@ -396,7 +388,7 @@ int gemm_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_s
 }
 
 int launch_tile_group_rows(std::int64_t k, std::int64_t l2_bytes, std::int64_t k_splits) {
-  const int rows = positive_env_int("TORCH_WMMAE_TILE_GROUP_ROWS", "tile rows per group", 1 << 20);
+  const int rows = static_cast<int>(env_positive_number("TORCH_WMMAE_TILE_GROUP_ROWS", "tile rows per group", 1 << 20));
   return rows > 0 ? rows : gemm_tile_group_rows(k, l2_bytes, k_splits);
 }
 

@@ -5,10 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "../wmmae/config.hpp"
@@ -184,24 +181,6 @@ WMMAE_HD inline TileWork stream_k_piece(std::int64_t unit, std::int64_t end_unit
   const std::int64_t tile_index = unit / k_stages, stage = unit % k_stages;
   const std::int64_t stage_end = stage + (end_unit - unit) < k_stages ? stage + (end_unit - unit) : k_stages;
   return TileWork{tile_index / tiles, tile_index % tiles, stage, stage_end};
-}
-
-// Whether the environment variable `name` is set to exactly `value`. The kernel switches
-// (TORCH_WMMAE_STREAM_K, TORCH_WMMAE_PORTABLE_GEMM, TORCH_WMMAE_SM90_TMA, TORCH_WMMAE_RESIDENT_PREPASS) are read
-// on every call: tests and benchmarks change them between calls in one process.
-inline bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
-// Whether `text` is a plain decimal number within unsigned long long's range, stored in `value` (the switches'
-// numbers: digits only, since strtoull takes " 4" and "+4", and "-1" as 2^64 - 1, and saturates past its range).
-inline bool parse_decimal(const char* text, unsigned long long& value) {
-  if (*text < '0' || *text > '9') return false;
-  char* end = nullptr;
-  errno = 0;
-  value = std::strtoull(text, &end, 10);
-  return *end == '\0' && errno != ERANGE;
 }
 
 }  // namespace wmmae_ops
