@@ -99,7 +99,8 @@ NUMBER_WORDS = {word: n for n, word in enumerate(
 
 def test_readme_lists_every_environment_switch_the_sources_read():
     """README's table of environment variables has a row for each TORCH_WMMAE_ variable that the C++/CUDA sources
-    read at a call (all but the build's TORCH_WMMAE_CPU_ONLY), no other rows, and the count its text gives."""
+    read at a call (all but the build's TORCH_WMMAE_CPU_ONLY), no other rows, and the count its text gives; and the
+    sources read them in one place (kernel_switches.cpp)."""
     sources = [p for p in (REPO_ROOT / "csrc").rglob("*") if p.suffix in {".cpp", ".cu", ".cuh", ".hpp", ".h"}]
     read = {name for path in sources for name in re.findall(r'"(TORCH_WMMAE_[A-Z0-9_]+)"', path.read_text())}
     assert len(read) > 5, read
@@ -111,3 +112,6 @@ def test_readme_lists_every_environment_switch_the_sources_read():
     assert len(rows) == len(set(rows)), rows
     assert set(rows) == read, f"sources only: {sorted(read - set(rows))}, README only: {sorted(set(rows) - read)}"
     assert NUMBER_WORDS.get(count.group(1).lower()) == len(rows), (count.group(1), len(rows))
+    # (One reader, which refuses values a switch does not take: a getenv elsewhere would read them unchecked.)
+    readers = sorted(str(p.relative_to(REPO_ROOT)) for p in sources if "getenv" in p.read_text())
+    assert readers == ["csrc/ops/kernel_switches.cpp"], readers
