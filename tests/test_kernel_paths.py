@@ -241,12 +241,12 @@ def test_long_k_split_of_a_small_grid(gemm_device, gen, monkeypatch, method):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("value", ["-1", "0", "99999999999999999999999", "2000000000", " 166912", "+166912", "160k"])
-def test_smem_per_block_switch_rejects_what_is_not_a_byte_count(monkeypatch, value):
+def test_smem_per_block_switch_rejects_what_is_not_a_byte_count(gen, monkeypatch, value):
     """TORCH_WMMAE_SMEM_PER_BLOCK caps the shared memory the kernels may take; a value that is not a plain positive
     number of bytes (up to 2^30) is an error naming the variable (strtoull took "-1" as 2^64 - 1 and saturated past
     its range: no cap)."""
     monkeypatch.setenv("TORCH_WMMAE_SMEM_PER_BLOCK", value)
-    a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    a, b = (random_tensor(gen, (64, 64), "normal", "cuda") for _ in range(2))
     with pytest.raises(RuntimeError, match=rf"TORCH_WMMAE_SMEM_PER_BLOCK must be a positive integer \(bytes\) of at "
                                            rf"most 1073741824, got '{re.escape(value)}'"):
         torch_wmmae.corrected_matmul(a, b)
@@ -265,14 +265,18 @@ GPU_SWITCH_VALUES = {
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("switch", list(GPU_SWITCH_VALUES))
-def test_gpu_switches_refuse_what_they_do_not_take(monkeypatch, switch):
+def test_gpu_switches_refuse_what_they_do_not_take(gen, monkeypatch, switch):
     """A kernel switch set to a value it does not take is an error naming the variable and the values it takes,
     not read as unset (test_yes_no_switches_take_0_or_1 checks the function on the CPU); empty means unset: the same
     bits as unset."""
     if switch in ("TORCH_WMMAE_PORTABLE_GEMM", "TORCH_WMMAE_SM90_TMA") and not runs_sm90_gemm():
         pytest.skip("read where the wgmma GEMM can run (H100/H200)")
-    a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    a, b = (random_tensor(gen, (64, 64), "normal", "cuda") for _ in range(2))
+    monkeypatch.delenv(SMALL_GEMM_SWITCH, raising=False)  # (the small GEMM, by the default rule, as asked here)
     monkeypatch.delenv(switch, raising=False)
+    kernels = _launched_kernels(lambda: torch_wmmae.corrected_matmul(a, b))
+    if profiler_records_kernels():
+        assert any(SMALL_GEMM_KERNEL in k for k in _own_kernels(kernels)), kernels
     unset = torch_wmmae.corrected_matmul(a, b)
     monkeypatch.setenv(switch, "")
     assert torch.equal(torch_wmmae.corrected_matmul(a, b), unset)
@@ -285,9 +289,9 @@ def test_gpu_switches_refuse_what_they_do_not_take(monkeypatch, switch):
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("value", ["0", "-2", "four", "3.5"])
-def test_tile_group_rows_switch_rejects_what_is_not_a_positive_integer(monkeypatch, value):
+def test_tile_group_rows_switch_rejects_what_is_not_a_positive_integer(gen, monkeypatch, value):
     monkeypatch.setenv("TORCH_WMMAE_TILE_GROUP_ROWS", value)
-    a, b = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    a, b = (random_tensor(gen, (64, 64), "normal", "cuda") for _ in range(2))
     with pytest.raises(RuntimeError, match=f"TORCH_WMMAE_TILE_GROUP_ROWS must be a positive integer.*'{value}'"):
         torch_wmmae.corrected_matmul(a, b)
 
