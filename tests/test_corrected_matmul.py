@@ -4,7 +4,6 @@ as the accuracy baseline the op has to match.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_cuda_pool, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_pool_where_possible, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -335,7 +334,7 @@ def test_k_zero_gives_zeros(device, gen, method, a_shape, b_shape):
     carved from memory filled with NaN."""
     a = random_tensor(gen, a_shape, "normal", device)
     b = random_tensor(gen, b_shape, "normal", device)
-    with poisoned_cuda_pool(float("nan")) if device == "cuda" else contextlib.nullcontext():
+    with poisoned_pool_where_possible(device, float("nan")):
         out = corrected_matmul(a, b, method=method)
     assert out.shape == torch.matmul(a, b).shape
     assert out.dtype == torch.float32 and out.is_contiguous()
