@@ -11,8 +11,8 @@ import torch
 from torch_wmmae import batched_outer
 
 from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients,
-                      assert_node_saves_only_the_other_operand, float32_matmuls, leaves, random_tensor,
-                      rel_err, requires_cuda)
+                      assert_node_saves_only_the_other_operand, float32_matmuls, leaves,
+                      poisoned_pool_where_possible, random_tensor, rel_err, requires_cuda)
 from hardening import assert_outer_correct, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
@@ -48,6 +48,14 @@ def gpu(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def poisoned_outer(u, v=None, **kwargs) -> torch.Tensor:
+    """batched_outer(u, v, **kwargs), its output carved on CUDA from memory filled with NaN of its dtype
+    (poisoned_pool_where_possible): an element the kernel fails to write stays NaN."""
+    out_dtype = kwargs.get("out_dtype") or torch.float32
+    with poisoned_pool_where_possible(u.device, float("nan"), out_dtype, large=True):
+        return batched_outer(u, v, **kwargs)
+
+
 # --------------------------------------------------------------------------------------------------------
 # Values
 # --------------------------------------------------------------------------------------------------------
@@ -58,7 +66,7 @@ def test_low_precision_inputs_exact(device, gen, dtype, n, batch):
     """fp16/bf16 inputs, alpha = 0: every element is one exact product rounded once to float32: exact."""
     u = random_tensor(gen, (*batch, n), "normal", device, dtype)
     v = random_tensor(gen, (*batch, n), "normal", device, dtype)
-    out = batched_outer(u, v)
+    out = poisoned_outer(u, v)
     assert out.shape == (*batch, n, n) and out.dtype == torch.float32 and out.is_contiguous()
     assert out.device == u.device
     assert_rounded_reference(out, outer_reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
@@ -73,7 +81,7 @@ def test_low_precision_inputs_with_alpha(device, gen, dtype, n, batch):
     u = random_tensor(gen, (*batch, n), "normal", device, dtype)
     v = random_tensor(gen, (*batch, n), "normal", device, dtype)
     alpha = float(torch.randn((), generator=gen, dtype=torch.float64)) * 3.7
-    out = batched_outer(u, v, alpha=alpha)
+    out = poisoned_outer(u, v, alpha=alpha)
     assert out.dtype == torch.float32
     assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
 
@@ -93,12 +101,12 @@ def test_alpha_cancelling_the_diagonal_product(device, dtype):
     alpha = -0.13733171175000178
     p = u[4].double() * v[4].double()
     assert (p + torch.tensor(alpha, dtype=torch.float32).double()).abs() < 0.05 * p.abs()  # they cancel
-    out = batched_outer(u, v, alpha=alpha)
+    out = poisoned_outer(u, v, alpha=alpha)
     assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=0, offdiag_ulps=0)
     huge = torch.full((3,), 2.0**127 if dtype == torch.bfloat16 else 60000.0, dtype=dtype, device=device)
     big_alpha = float("-inf") if dtype == torch.bfloat16 else -3.0e38  # fp16: 60000^2 is finite in float32
     want = outer_reference64(huge, None, big_alpha).float()
-    got = batched_outer(huge, alpha=big_alpha)
+    got = poisoned_outer(huge, alpha=big_alpha)
     assert torch.equal(got.cpu(), want), (got, want)
 
 
@@ -113,7 +121,7 @@ def test_float32_diagonal_rounded_once(device):
     v = torch.tensor([[16769026 * 2.0**-18]], device=device)
     assert u.double() * v.double() == 64 + 2.0**-40
     for sign in (1.0, -1.0):
-        out = batched_outer(sign * u, v, alpha=sign * 2.0**30)
+        out = poisoned_outer(sign * u, v, alpha=sign * 2.0**30)
         assert out.item() == sign * (2.0**30 + 128)
         assert torch.equal(out.cpu(), outer_reference64(sign * u, v, sign * 2.0**30).float())
 
@@ -131,8 +139,8 @@ def test_alpha_where_float32_cannot_hold_the_product(device, dtype):
     v = torch.tensor([tiny, tiny, 5 * tiny, 2.0, -3.0, 1.0, 0.0, 1.0, big, big, -0.5, 3.0, 0.0, -tiny, 2.0, nan])
     u, v = u.to(dtype).to(device), v.to(dtype).to(device)
     for alpha in (2.0**-130, -(2.0**-130), 1.0, -inf, inf):
-        assert_outer_correct(batched_outer(u, v, alpha=alpha), u, v, alpha, None)
-        assert_outer_correct(batched_outer(u.expand(3, 16), v.expand(3, 16), alpha=alpha), u.expand(3, 16),
+        assert_outer_correct(poisoned_outer(u, v, alpha=alpha), u, v, alpha, None)
+        assert_outer_correct(poisoned_outer(u.expand(3, 16), v.expand(3, 16), alpha=alpha), u.expand(3, 16),
                              v.expand(3, 16), alpha, None)
 
 
@@ -143,7 +151,7 @@ def test_float32_inputs(device, gen, n, batch, alpha):
     """fp32 inputs: within a few float32 ulps of the product: |out - ref| <= 4 u (|u_i v_j| + |alpha| d_ij)."""
     u = random_tensor(gen, (*batch, n), "normal", device)
     v = random_tensor(gen, (*batch, n), "normal", device)
-    out = batched_outer(u, v, alpha=alpha)
+    out = poisoned_outer(u, v, alpha=alpha)
     assert out.dtype == torch.float32 and out.shape == (*batch, n, n)
     ref = outer_reference64(u, v, alpha)
     scale = outer_reference64(u.abs(), v.abs(), abs(alpha))
@@ -161,7 +169,7 @@ def test_low_precision_out_dtype(device, gen, in_dtype, out_dtype, alpha, n):
     """out_dtype fp16/bf16: the float64 reference rounded once to out_dtype (1 ulp allowed on the GPU)."""
     u = random_tensor(gen, (6, n), "normal", device, in_dtype)
     v = random_tensor(gen, (6, n), "normal", device, in_dtype)
-    out = batched_outer(u, v, alpha=alpha, out_dtype=out_dtype)
+    out = poisoned_outer(u, v, alpha=alpha, out_dtype=out_dtype)
     assert out.dtype == out_dtype and out.shape == (6, n, n) and out.is_contiguous()
     ulps = 1 if gpu(device) else 0
     assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=ulps, offdiag_ulps=ulps)
@@ -176,10 +184,10 @@ def test_alpha_added_exactly_once_on_the_diagonal(device, gen, dtype):
     u = vals.to(dtype).to(device)
     v = vals.flip(-1).to(dtype).to(device)
     alpha = 0.75
-    out = batched_outer(u, v, alpha=alpha)
+    out = poisoned_outer(u, v, alpha=alpha)
     expected = (vals.double().unsqueeze(-1) * vals.flip(-1).double().unsqueeze(-2) + alpha * torch.eye(n)).float()
     assert torch.equal(out.cpu(), expected)
-    no_alpha = batched_outer(u, v)
+    no_alpha = poisoned_outer(u, v)
     assert torch.equal((out - no_alpha).cpu(), alpha * torch.eye(n).expand(4, n, n))
 
 
@@ -187,8 +195,8 @@ def test_alpha_added_exactly_once_on_the_diagonal(device, gen, dtype):
 @pytest.mark.parametrize("alpha", [0.0, 2.5])
 def test_v_none_equals_v_u(device, gen, dtype, alpha):
     u = random_tensor(gen, (5, 37), "normal", device, dtype)
-    a = batched_outer(u, alpha=alpha)
-    b = batched_outer(u, u.clone(), alpha=alpha)
+    a = poisoned_outer(u, alpha=alpha)
+    b = poisoned_outer(u, u.clone(), alpha=alpha)
     if dtype == torch.float32:
         # float32 products are not exact: compare both to the reference at the float32 tolerance.
         scale = outer_reference64(u.abs(), None, abs(alpha))
@@ -209,7 +217,7 @@ def test_v_none_equals_v_u(device, gen, dtype, alpha):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_empty(device, dtype, shape):
     u = torch.ones(shape, dtype=dtype, device=device)  # values are irrelevant: nothing to compute
-    out = batched_outer(u, alpha=1.0)
+    out = poisoned_outer(u, alpha=1.0)
     assert out.shape == (*shape, shape[-1])
     assert out.numel() == 0 and out.dtype == torch.float32 and out.device == u.device
 
@@ -237,10 +245,10 @@ def _strided_inputs(gen, device, dtype, case):
 def test_strided_inputs(device, gen, dtype, case):
     u, v = _strided_inputs(gen, device, dtype, case)
     assert not (u.is_contiguous() and v.is_contiguous())
-    out = batched_outer(u, v)
+    out = poisoned_outer(u, v)
     assert out.is_contiguous() and out.shape == (*u.shape, u.shape[-1])
     assert_rounded_reference(out, outer_reference64(u, v, 0.0), diag_ulps=0, offdiag_ulps=0)
-    assert torch.equal(out, batched_outer(u.contiguous(), v.contiguous()))
+    assert torch.equal(out, poisoned_outer(u.contiguous(), v.contiguous()))
 
 
 # --------------------------------------------------------------------------------------------------------
