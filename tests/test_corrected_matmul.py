@@ -732,12 +732,14 @@ def test_float32_fallback_reads_sliced_and_offset_views(method, case):
 def test_float32_fallback_beside_stream_k():
     """"auto" with an fp16 GEMM that runs stream-K (128 x 11520 x 4096 on 132 SMs) where every output is at risk:
     the fp16 GEMM leaves every tile to the tf32 one, and the fallback overwrites its outputs with the emulation's
-    bits (compared on 256 columns)."""
+    bits (compared on every 45th column: 256 columns, two or three in each of the 90 tile columns, whatever
+    stream-K share computed them; each output's FMAs depend on its row and column only)."""
     assert device_gemm_grid(128, 11520, 4096)[3] > 0, "no stream-K on this GPU"
     gen = torch.Generator().manual_seed(11)
     a, b = outputs_at_risk(gen, (128, 4096), (4096, 11520))
     out = corrected_matmul(a.cuda(), b.cuda())
-    assert torch.equal(out[:, :256].cpu(), corrected_matmul(a, b[:, :256]))
+    columns = torch.arange(0, 11520, 45)
+    assert torch.equal(out[:, columns].cpu(), corrected_matmul(a, b[:, columns]))
 
 
 @pytest.mark.parametrize("span_exp", [10, 14])
@@ -1487,8 +1489,7 @@ def test_extra_memory_is_a_few_percent_of_a(method, shape, transposed):
         torch.randn(batch, k, n, device="cuda", generator=gen)
     out, extra = _call_and_extra_bytes(lambda: corrected_matmul(a, b, method=method))
     assert extra <= 0.03 * a.numel() * a.element_size(), (extra, a.numel() * 4)
-    ref = torch.matmul(a[:1, :64].double(), b[:1].double())
-    assert rel_err(out[:1, :64], ref) < 1e-6
+    assert_matmul_within_dot_product_bound(out, a, b, f"{method}: ")
 
 
 @requires_cuda
@@ -1547,8 +1548,7 @@ def test_extra_memory_of_an_operand_that_tma_cannot_read_in_place(monkeypatch, m
     assert padded_bytes <= extra["copied"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
     assert extra["by_residue"] <= 0.03 * a_bytes and extra["cp_async"] <= 0.03 * a_bytes, (extra, a_bytes)
     assert torch.equal(outs["by_residue"], outs["copied"]) and torch.equal(outs["cp_async"], outs["copied"])
-    ref = torch.matmul(a[:64].double(), b.double())
-    assert rel_err(outs["by_residue"][:64], ref) < 1e-6
+    assert_matmul_within_dot_product_bound(outs["by_residue"], a, b)
 
 
 @requires_cuda
@@ -1577,8 +1577,7 @@ def test_extra_memory_of_x_at_w_t_with_an_odd_k(monkeypatch, method):
     assert padded(n) <= extra["w_copied"] <= padded(n) + 0.03 * x_bytes, (extra, x_bytes)
     assert padded(m) + padded(n) <= extra["both_copied"] <= padded(m) + padded(n) + 0.03 * x_bytes, (extra, x_bytes)
     assert torch.equal(outs["by_residue"], outs["both_copied"]) and torch.equal(outs["w_copied"], outs["both_copied"])
-    ref = torch.matmul(x[:64].double(), w.t().double())
-    assert rel_err(outs["by_residue"][:64], ref) < 1e-6
+    assert_matmul_within_dot_product_bound(outs["by_residue"], x, w.t())
 
 
 @requires_cuda
@@ -1626,8 +1625,7 @@ def test_extra_memory_of_a_backward_pass_with_an_odd_width(monkeypatch, method, 
     assert extra["by_residue"] <= 0.03 * a_bytes, (extra, a_bytes)
     assert b_padded <= extra["b_copied"] <= b_padded + 0.03 * a_bytes, (extra, a_bytes)
     assert torch.equal(outs["by_residue"], outs["b_copied"])
-    ref = torch.matmul(a[:64].double(), b.double())
-    assert rel_err(outs["by_residue"][:64], ref) < 1e-6
+    assert_matmul_within_dot_product_bound(outs["by_residue"], a, b)
 
 
 @requires_cuda
@@ -1651,8 +1649,7 @@ def test_extra_memory_of_a_batched_operand_by_residue(monkeypatch, method):
     assert extra["by_residue"] <= 0.03 * a_bytes, (extra, a_bytes)
     assert padded_bytes <= extra["copied"] <= padded_bytes + 0.03 * a_bytes, (extra, a_bytes)
     assert torch.equal(outs["by_residue"], outs["copied"])
-    ref = torch.matmul(a[:, :64].double(), b.double())
-    assert rel_err(outs["by_residue"][:, :64], ref) < 1e-6
+    assert_matmul_within_dot_product_bound(outs["by_residue"], a, b)
 
 
 # Batched operands whose batch stride is not a multiple of 4 floats (contiguous entries of an odd number of floats):
@@ -1795,8 +1792,7 @@ def test_batch_residue_classes_by_default(monkeypatch, shape):
     else:
         assert extra["default"] == extra["copied"], extra
     assert torch.equal(outs["default"], outs["copied"])
-    ref = torch.matmul(a[:, :64].double(), b.double())
-    assert rel_err(outs["default"][:, :64], ref) < 1e-6
+    assert_matmul_within_dot_product_bound(outs["default"], a, b)
 
 
 def _k_per_split(k, splits):
