@@ -75,7 +75,8 @@ def _expect(exc, pattern, call, device, gen):
 # --------------------------------------------------------------------------------------------------------
 A_DTYPE = r"argument 'a' must be float32"
 B_DTYPE = r"argument 'b' must be float32"
-METHOD = r"argument 'method'"
+METHOD = r"argument 'method'"  # (torch's schema check of its type words it so as well)
+METHOD_VALUE = METHOD + r" must be 'auto', 'fp16' or 'tf32', got "  # (the op's own check of its value)
 INNER = r"inner dimensions do not match"
 
 # name -> (args builder t -> (a, b, method), exception, pattern)
@@ -101,11 +102,11 @@ MATMUL_CASES = {
     "inner_empty": (lambda t: (t(3, 0), t(1, 2)), RuntimeError, INNER),
     "batch_mismatch": (lambda t: (t(2, 3, 4), t(3, 4, 5)), RuntimeError, r"batch dimensions of 'a' \[2\] and 'b' \[3\] do not broadcast"),
     "batch_mismatch_4d": (lambda t: (t(2, 2, 3, 4), t(3, 1, 4, 5)), RuntimeError, r"batch dimensions of 'a' \[2, 2\] and 'b' \[3, 1\] do not broadcast"),
-    "method_unknown": (lambda t: (t(3, 4), t(4, 2), "bf16"), RuntimeError, METHOD + r" must be 'auto', 'fp16' or 'tf32', got 'bf16'"),
-    "method_uppercase": (lambda t: (t(3, 4), t(4, 2), "TF32"), RuntimeError, METHOD),
-    "method_empty": (lambda t: (t(3, 4), t(4, 2), ""), RuntimeError, METHOD),
-    "method_space": (lambda t: (t(3, 4), t(4, 2), " auto"), RuntimeError, METHOD),
-    "method_fp32": (lambda t: (t(3, 4), t(4, 2), "fp32"), RuntimeError, METHOD),
+    "method_unknown": (lambda t: (t(3, 4), t(4, 2), "bf16"), RuntimeError, METHOD_VALUE + "'bf16'"),
+    "method_uppercase": (lambda t: (t(3, 4), t(4, 2), "TF32"), RuntimeError, METHOD_VALUE + "'TF32'"),
+    "method_empty": (lambda t: (t(3, 4), t(4, 2), ""), RuntimeError, METHOD_VALUE + "''"),
+    "method_space": (lambda t: (t(3, 4), t(4, 2), " auto"), RuntimeError, METHOD_VALUE + "' auto'"),
+    "method_fp32": (lambda t: (t(3, 4), t(4, 2), "fp32"), RuntimeError, METHOD_VALUE + "'fp32'"),
     "method_int": (lambda t: (t(3, 4), t(4, 2), 1), RuntimeError, METHOD),
     "method_none": (lambda t: (t(3, 4), t(4, 2), None), RuntimeError, METHOD),
     "a_list": (lambda t: ([[1.0] * 4] * 3, t(4, 2)), RuntimeError, r"argument 'a'"),
