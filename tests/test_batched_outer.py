@@ -13,7 +13,7 @@ from torch_wmmae import batched_outer
 from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients,
                       assert_node_saves_only_the_other_operand, float32_matmuls, leaves,
                       poisoned_pool_where_possible, random_tensor, rel_err, requires_cuda)
-from hardening import assert_outer_correct, outer_reference64
+from hardening import assert_outer_correct, is_gpu, outer_reference64
 
 LOW = [torch.float16, torch.bfloat16]
 SIZES = [1, 5, 16, 31, 48, 100, 256]
@@ -42,10 +42,6 @@ def assert_rounded_reference(out, ref64, *, diag_ulps: int, offdiag_ulps: int):
     on = diag_mask(out.shape)
     tol = torch.where(on, diag_ulps * ulp(want), offdiag_ulps * ulp(want))
     assert (diff <= tol).all(), f"max diff {diff.max().item():.3e}"
-
-
-def gpu(device) -> bool:
-    return torch.device(device).type == "cuda"
 
 
 def poisoned_outer(u, v=None, **kwargs) -> torch.Tensor:
@@ -157,7 +153,7 @@ def test_float32_inputs(device, gen, n, batch, alpha):
     scale = outer_reference64(u.abs(), v.abs(), abs(alpha))
     err = (out.cpu().double() - ref).abs()
     assert (err <= 4 * U32 * scale + 2.0**-126).all(), f"max err/scale {(err / scale).max().item():.3e}"
-    if not gpu(device):  # the CPU computes in float64 and rounds once: correctly rounded
+    if not is_gpu(device):  # the CPU computes in float64 and rounds once: correctly rounded
         assert torch.equal(out.cpu(), ref.float())
 
 
@@ -171,7 +167,7 @@ def test_low_precision_out_dtype(device, gen, in_dtype, out_dtype, alpha, n):
     v = random_tensor(gen, (6, n), "normal", device, in_dtype)
     out = poisoned_outer(u, v, alpha=alpha, out_dtype=out_dtype)
     assert out.dtype == out_dtype and out.shape == (6, n, n) and out.is_contiguous()
-    ulps = 1 if gpu(device) else 0
+    ulps = 1 if is_gpu(device) else 0
     assert_rounded_reference(out, outer_reference64(u, v, alpha), diag_ulps=ulps, offdiag_ulps=ulps)
 
 
@@ -204,7 +200,7 @@ def test_v_none_equals_v_u(device, gen, dtype, alpha):
             assert ((out.cpu().double() - outer_reference64(u, None, alpha)).abs() <= 4 * U32 * scale + 2.0**-126).all()
     else:
         assert torch.equal(a, b)
-    if not gpu(device):
+    if not is_gpu(device):
         assert torch.equal(a, b)
 
 

@@ -18,7 +18,7 @@ import torch
 from torch_wmmae import batched_outer, corrected_matmul
 
 from conftest import U32, poisoned_output, rel_err, requires_cuda
-from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct
+from hardening import assert_matmul_within_dot_product_bound, assert_outer_correct, fp32_floor, parity_slack
 
 pytestmark = [requires_cuda, pytest.mark.gpu, pytest.mark.large, pytest.mark.usefixtures("ieee_fp32")]
 
@@ -52,19 +52,13 @@ def cuda_gen(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed)
 
 
-def parity_slack(k: int) -> float:
-    """How much larger than torch.matmul's float32 error ours may be (the factors of test_corrected_matmul's
-    parity_slack, which documents how they were measured)."""
-    return 3.0 if k <= 32 else (4.0 if k >= 1000 else 1.5)
-
-
 def check_block(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     """got = a @ b for a block of the output: elementwise within (K + 16) u |a||b|, and its normwise error
     no worse than torch.matmul in float32 (TF32 off) on the same block, up to parity_slack."""
     assert_matmul_within_dot_product_bound(got.contiguous(), a, b, what=what)
     ref = a.double() @ b.double()
     err, err32 = rel_err(got, ref), rel_err(a @ b, ref)
-    floor = U32 * torch.linalg.vector_norm(a.double().abs() @ b.double().abs()).item() / torch.linalg.vector_norm(ref).item()
+    floor = fp32_floor(a.double().abs() @ b.double().abs(), ref)
     k = a.shape[-1]
     assert err <= parity_slack(k) * max(err32, floor), f"{what}rel err {err:.3e} vs float32 {err32:.3e} (floor {floor:.3e})"
 

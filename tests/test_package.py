@@ -18,7 +18,7 @@ import torch
 
 import torch_wmmae
 
-from conftest import HAS_CUDA, REPO_ROOT, child_process_env
+from conftest import REPO_ROOT, child_process_env, requires_cuda
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -113,7 +113,7 @@ def test_cpu_kernels_registered():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"wmmae::{name}", "CPU")
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@requires_cuda
 @pytest.mark.skipif(os.environ.get("TORCH_WMMAE_CPU_ONLY") == "1", reason="built CPU-only on purpose")
 @pytest.mark.gpu
 def test_gpu_machine_has_cuda_kernels():
