@@ -65,6 +65,31 @@ def test_exported_program_matches_eager(device, gen, tmp_path):
                 _assert_same_bits(exported.module()(*args), AllOps()(*args))
 
 
+class VectorProducts(torch.nn.Module):
+    """corrected_matmul with a 1-D operand beside a batched one, both ways."""
+
+    def forward(self, x, v, w):
+        return torch_wmmae.corrected_matmul(x, v), torch_wmmae.corrected_matmul(v, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_export_of_vector_products_with_a_dynamic_k(device, gen):
+    """A batched operand times a vector with the batch and K dynamic: the fake kernel builds the output's shape
+    itself (it took it from torch.matmul on meta tensors, whose decomposition of batched @ 1-D guarded on
+    "min(K, 4*K) == K", which failed the export); the program then runs other sizes as eager does."""
+    def args(batch, m, k, n):
+        return (random_tensor(gen, (batch, m, k), "normal", device), random_tensor(gen, (k,), "normal", device),
+                random_tensor(gen, (batch, k, n), "normal", device))
+
+    batch, k = Dim("batch"), Dim("k")
+    program = torch.export.export(VectorProducts(), args(3, 4, 5, 6),
+                                  dynamic_shapes=({0: batch, 2: k}, {0: k}, {0: batch, 1: k}))
+    with deterministic():
+        for shape in [(3, 4, 5, 6), (2, 4, 33, 6), (7, 4, 130, 6)]:
+            inputs = args(*shape)
+            _assert_same_bits(program.module()(*inputs), VectorProducts()(*inputs))
+
+
 class DraftExportable(torch.nn.Module):
     """AllOps less what torch 2.11's draft_export cannot take (see test_draft_export_outer_without_v)."""
 

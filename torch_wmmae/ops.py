@@ -107,10 +107,12 @@ def corrected_matmul(a: Tensor, b: Tensor, *, method: str = "auto") -> Tensor:
     return torch.ops.wmmae.corrected_matmul.default(a, b, method)
 
 
-def _check_corrected_matmul_args(a: Tensor, b: Tensor, method: str, *, dtypes: bool = True) -> None:
+def _check_corrected_matmul_args(a: Tensor, b: Tensor, method: str, *, dtypes: bool = True) -> list:
     # The C++ checks of the method, dtypes, devices and shapes, with their messages, so that eager and compiled
     # calls fail alike (and a meta tensor beside a real one is refused, not given an output of garbage). The
-    # layout checks run with the real kernel.
+    # layout checks run with the real kernel. Returns the output's shape (torch.matmul's rules), built here
+    # rather than by torch.matmul on meta tensors, whose decompositions add guards the op does not need (a
+    # batched a @ a 1-D b with a dynamic K failed torch.export on "min(K, 4*K) == K").
     torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '{method}'")
     torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
     torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
@@ -129,25 +131,29 @@ def _check_corrected_matmul_args(a: Tensor, b: Tensor, method: str, *, dtypes: b
     )
     a_batch = tuple(a.shape[:-2]) if a.dim() > 1 else ()
     b_batch = tuple(b.shape[:-2]) if b.dim() > 2 else ()
-    for x, y in zip(reversed(a_batch), reversed(b_batch)):
+    rank = max(len(a_batch), len(b_batch))
+    batch = []
+    for x, y in zip((1,) * (rank - len(a_batch)) + a_batch, (1,) * (rank - len(b_batch)) + b_batch):
         # One check per dimension, and a size that may be 1 only where that is known: a data-dependent size
         # (unbacked under torch.compile) then gets a runtime assert instead of a guard that cannot be decided,
         # as torch.matmul's own broadcasting does.
-        if guard_or_false(x == 1) or guard_or_false(y == 1):
+        if guard_or_false(x == 1):
+            batch.append(y)
+            continue
+        batch.append(x)
+        if guard_or_false(y == 1):
             continue
         torch._check(
             x == y,
             lambda: f"corrected_matmul: the batch dimensions of 'a' {list(a_batch)} and 'b' {list(b_batch)} do not "
             f"broadcast ('a' has shape {list(a.shape)}, 'b' {list(b.shape)})",
         )
+    return batch + ([a.shape[-2]] if a.dim() > 1 else []) + ([b.shape[-1]] if b.dim() > 1 else [])
 
 
 @torch.library.register_fake("wmmae::corrected_matmul")
 def _corrected_matmul_fake(a: Tensor, b: Tensor, method: str = "auto") -> Tensor:
-    _check_corrected_matmul_args(a, b, method)
-    # torch.matmul's shape rules; the result is always contiguous.
-    shape = torch.matmul(a.new_empty(a.shape, device="meta"), b.new_empty(b.shape, device="meta")).shape
-    return a.new_empty(shape)
+    return a.new_empty(_check_corrected_matmul_args(a, b, method))  # (contiguous, as the op's output)
 
 
 @torch.library.register_vmap("wmmae::corrected_matmul")
