@@ -356,6 +356,23 @@ def poisoned_output(call, shape, dtype=torch.float32) -> torch.Tensor:
     return out
 
 
+def dispatched_ops(fn) -> list[str]:
+    """The operators fn() calls, by name (e.g. "wmmae::corrected_matmul"), as a TorchDispatchMode sees them: below
+    autograd, so a backward pass's own calls too (the engine carries the mode to its device threads)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return names
+
+
 def launched_kernels(fn) -> list[tuple[str, int]]:
     """(name, device index) of every CUDA kernel (and memset or copy) that fn() launches, on any device. Earlier
     tests' cyclic garbage (a failed test's frames hold its memory pools and tensors) is collected first, and the

@@ -10,7 +10,7 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients,
+from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients, dispatched_ops,
                       assert_node_saves_only_the_other_operand, float32_matmuls, leaves,
                       poisoned_pool_where_possible, random_tensor, rel_err, requires_cuda)
 from hardening import assert_outer_correct, is_gpu, outer_reference64
@@ -342,6 +342,21 @@ def test_gradient_of_one_input(device, gen, which):
     x, other = (u, v) if which == "u" else (v, u)
     assert other.grad is None
     _assert_gradient_close(x.grad, *_outer_gradient(grad_out.cpu().double(), other.detach().cpu().double(), which), 11)
+
+
+@pytest.mark.parametrize("which", ["u", "v"])
+def test_backward_computes_only_the_gradients_asked_for(device, gen, which):
+    """Both inputs require gradients, the backward pass asks for one (torch.autograd.grad): one product of the
+    output's gradient with a vector (a sum over its last dimension), not two with one dropped."""
+    u = random_tensor(gen, (4, 11), "normal", device).requires_grad_()
+    v = random_tensor(gen, (4, 11), "normal", device).requires_grad_()
+    grad_out = random_tensor(gen, (4, 11, 11), "normal", device)
+    out = batched_outer(u, v, alpha=-1.5)
+    x, other = (u, v) if which == "u" else (v, u)
+    grads = []
+    ops = dispatched_ops(lambda: grads.extend(torch.autograd.grad(out, x, grad_out)))
+    assert ops.count("aten::sum") == 1, ops
+    _assert_gradient_close(grads[0], *_outer_gradient(grad_out.cpu().double(), other.detach().cpu().double(), which), 11)
 
 
 @pytest.mark.parametrize("which", ["u", "v"])

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_pool_where_possible, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, dispatched_ops, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_pool_where_possible, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor, parity_slack
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -968,6 +968,26 @@ def test_gradient_of_one_operand(device, gen, which):
     assert rel_err(x.grad, expected) < 1e-5
 
 
+@pytest.mark.parametrize("ask", ["autograd_grad", "backward_inputs"])
+def test_backward_computes_only_the_gradients_asked_for(device, gen, ask):
+    """Both operands require gradients, the backward pass asks for a's only (torch.autograd.grad(out, a), or
+    out.backward(inputs=[a])): one product, grad_a's (b's gradient was computed too and dropped: the node tested
+    the graph's edges, not the pass's)."""
+    a = random_tensor(gen, (5, 18), "normal", device).requires_grad_()
+    b = random_tensor(gen, (18, 4), "normal", device).requires_grad_()
+    grad_out = random_tensor(gen, (5, 4), "normal", device)
+    out = corrected_matmul(a, b)
+    grads = []
+    if ask == "autograd_grad":
+        ops = dispatched_ops(lambda: grads.extend(torch.autograd.grad(out, a, grad_out)))
+    else:
+        ops = dispatched_ops(lambda: out.backward(grad_out, inputs=[a]))
+        grads.append(a.grad)
+    assert ops.count("wmmae::corrected_matmul") == 1, ops
+    assert b.grad is None
+    assert rel_err(grads[0], grad_out.double() @ b.detach().double().t()) < 1e-5
+
+
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_node_saves_only_what_the_gradient_reads(device, gen, which):
     """As for torch.matmul: grad_a reads b and grad_b reads a, so where one operand needs a gradient the node
@@ -1196,6 +1216,39 @@ def test_compile_backward_matches_eager(device, gen):
     ea, eb = torch.autograd.grad(loss(a, b), (a, b))
     torch.testing.assert_close(ga, ea, rtol=1e-6, atol=0)
     torch.testing.assert_close(gb, eb, rtol=1e-6, atol=0)
+
+
+def _compiled_autograd_backward(loss) -> None:
+    from torch._dynamo import compiled_autograd
+
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        loss.backward()
+
+
+def test_compiled_autograd_of_a_compiled_forward(device, gen):
+    """Compiled Autograd (the backward pass traced as one graph) over a forward compiled with torch.compile: its
+    backward is AOTAutograd's, which calls the op: the float64 gradients, within float32's accuracy."""
+    torch._dynamo.reset()
+    a = random_tensor(gen, (2, 9, 40), "normal", device).requires_grad_()
+    b = random_tensor(gen, (40, 7), "normal", device).requires_grad_()
+    grad_out = random_tensor(gen, (2, 9, 7), "normal", device)
+    compiled = torch.compile(lambda a, b: (corrected_matmul(a, b) * grad_out).sum(), fullgraph=True, backend="aot_eager")
+    _compiled_autograd_backward(compiled(a, b))
+    g64 = grad_out.double()
+    assert rel_err(a.grad, g64 @ b.detach().double().t()) < 1e-5
+    assert rel_err(b.grad, (a.detach().double().transpose(-1, -2) @ g64).sum(0)) < 1e-5
+
+
+@pytest.mark.xfail(strict=True, raises=NotImplementedError,
+                   reason="the ops' backward nodes (C++) lack Compiled Autograd's interface (compiled_args, and an "
+                          "apply_with_saved through its functional calls): README, torch.compile")
+def test_compiled_autograd_of_an_eager_call(device, gen):
+    """Compiled Autograd over an op called eagerly: its C++ backward node is refused ("compiled_args not
+    implemented: CorrectedMatmulBackward"), a clear error and no wrong gradient."""
+    torch._dynamo.reset()
+    a = random_tensor(gen, (9, 40), "normal", device).requires_grad_()
+    b = random_tensor(gen, (40, 7), "normal", device).requires_grad_()
+    _compiled_autograd_backward(corrected_matmul(a, b).sum())
 
 
 def test_compile_backward_keeps_shapes_dynamic(device, gen):

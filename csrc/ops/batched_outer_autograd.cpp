@@ -45,15 +45,16 @@ struct BatchedOuterBackward : public torch::autograd::Node {
     variable_list grad_inputs(v_is_u_ ? 1 : 2);
     const at::Tensor& g = grad_outputs[0];
     if (!g.defined()) return grad_inputs;
+    // (task_: only the gradients this backward pass asks for, as in CorrectedMatmulBackward.)
     if (v_is_u_) {
-      if (should_compute_output(0)) {
+      if (task_should_compute_output(0)) {
         const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
         grad_inputs[0] = times_vector(g32 + g32.transpose(-1, -2), u_.unpack(shared_from_this())).to(u_dtype_);
       }
       return grad_inputs;
     }
-    if (should_compute_output(0)) grad_inputs[0] = times_vector(g, v_.unpack(shared_from_this())).to(u_dtype_);
-    if (should_compute_output(1)) {
+    if (task_should_compute_output(0)) grad_inputs[0] = times_vector(g, v_.unpack(shared_from_this())).to(u_dtype_);
+    if (task_should_compute_output(1)) {
       grad_inputs[1] = times_vector(g.transpose(-1, -2), u_.unpack(shared_from_this())).to(v_dtype_);
     }
     return grad_inputs;

@@ -64,13 +64,15 @@ struct CorrectedMatmulBackward : public torch::autograd::Node {
     // dimension first: for 1-D @ 1-D the gradient is 0-d and has no dimension -2 yet.
     if (b_is_vector_) grad = grad.unsqueeze(-1);
     if (a_is_vector_) grad = grad.unsqueeze(-2);
-    if (should_compute_output(0)) {
+    // task_: only the gradients this backward pass asks for (torch.autograd.grad(out, a) or backward(inputs=[a])
+    // leaves b's edge in the graph, but not in the task; should_compute_output would compute grad_b for nothing).
+    if (task_should_compute_output(0)) {
       const at::Tensor b = b_.unpack(shared_from_this());
       const at::Tensor b2 = b_is_vector_ ? b.unsqueeze(-1) : b;
       at::Tensor grad_a = at::sum_to(call_corrected_matmul(grad, b2.transpose(-1, -2), method_), a_sizes_);
       grad_inputs[0] = a_is_vector_ ? grad_a.squeeze(0) : grad_a;
     }
-    if (should_compute_output(1)) {
+    if (task_should_compute_output(1)) {
       const at::Tensor a = a_.unpack(shared_from_this());
       const at::Tensor a2 = a_is_vector_ ? a.unsqueeze(0) : a;
       // b one matrix broadcast over a's batch (x @ W): the sum over the batch is one product of a's rows, as
