@@ -42,6 +42,4 @@ def get_include() -> str:
 
 def has_cuda_kernels() -> bool:
     """True when this build contains the CUDA kernels (built with nvcc against a CUDA-enabled torch)."""
-    import torch
-
     return torch._C._dispatch_has_kernel_for_dispatch_key("wmmae::corrected_matmul", "CUDA")

@@ -8,7 +8,6 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 __all__ = ["corrected_matmul", "batched_outer", "fragment_map", "METHODS"]
 
@@ -113,6 +112,9 @@ def _check_corrected_matmul_args(a: Tensor, b: Tensor, method: str, *, dtypes: b
     # layout checks run with the real kernel. Returns the output's shape (torch.matmul's rules), built here
     # rather than by torch.matmul on meta tensors, whose decompositions add guards the op does not need (a
     # batched a @ a 1-D b with a dynamic K failed torch.export on "min(K, 4*K) == K").
+    # (Imported here, where a tracer runs: at the package's import it pulled in sympy, most of the import's time.)
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
     torch._check(method in METHODS, lambda: f"corrected_matmul: argument 'method' must be 'auto', 'fp16' or 'tf32', got '{method}'")
     torch._check(a.dim() >= 1, lambda: "corrected_matmul: argument 'a' must have at least 1 dimension, got a 0-d tensor")
     torch._check(b.dim() >= 1, lambda: "corrected_matmul: argument 'b' must have at least 1 dimension, got a 0-d tensor")
