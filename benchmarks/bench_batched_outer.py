@@ -18,7 +18,7 @@ import statistics
 import torch
 
 import torch_wmmae
-from common import header, interleaved_median_ms, median_ms, write_results
+from common import header, interleaved_median_ms, median_ms, require_out_for_partial_runs, write_results
 
 
 def copy_tbps() -> float:
@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    require_out_for_partial_runs(p, args, "--quick")
     copy = copy_tbps()
     cases = [(16, 2**20), (32, 2**20), (64, 2**17), (48, 2**18), (100, 2**17)]
     if not args.quick:
@@ -103,7 +104,7 @@ def main() -> None:
             # Releasing it made the next case cudaMalloc gigabytes again, and after a fresh multi-GB
             # allocation the GPU ran this 40 us call at ~42 instead of ~38.5 us for seconds (NOTES.md).
             del u, v, src, dst
-    payload = header() | {"copy_tbps": copy, "rows": rows}
+    payload = header() | {"quick": args.quick, "copy_tbps": copy, "rows": rows}
     write_results("batched_outer", payload, ["n", "batch", "alpha", "in_dtype", "tbps", "copy_tbps", "fraction_of_copy",
                                              "alpha_cost", "torch_best", "torch_best_tbps", "speedup_vs_torch"], args.out,
                   f"batched_outer (fp32 output); fraction_of_copy against a copy of as many bytes in the same rounds "

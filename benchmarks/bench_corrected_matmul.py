@@ -21,7 +21,7 @@ import time
 import torch
 
 import torch_wmmae
-from common import header, median_ms, rotating_operands, write_results
+from common import header, median_ms, require_out_for_partial_runs, rotating_operands, write_results
 
 METHODS = ("auto", "fp16", "tf32")
 
@@ -92,6 +92,7 @@ def main() -> None:
                    help="idle seconds before each measurement of a square or batched shape: its torch baseline and "
                         "each method (see settle)")
     args = p.parse_args()
+    require_out_for_partial_runs(p, args, "--quick", "--sweep-step")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     # Process warm-up, discarded: the first shape measured after other GPU work (tests, the batched_outer
     # benchmark) came out 10-25% slower than the same measurement repeated (H200: 1024^3 auto 0.80x against
@@ -112,11 +113,13 @@ def main() -> None:
         time.sleep(args.cool)
 
     rows = []
+    step = args.sweep_step or (1024 if args.quick else 64)  # (of the M = 128, K = 4096 sweep's N)
 
     def save(complete: bool) -> None:
         # Written after each part as well, so that a run stopped by a time limit still leaves what it measured
         # ("complete": false until the sweep's last point).
-        payload = header() | {"complete": complete, "rows": rows}
+        payload = header() | {"complete": complete, "quick": args.quick, "sweep_step": step, "cool_s": args.cool,
+                              "rows": rows}
         write_results("corrected_matmul", payload,
                       ["m", "n", "k", "batch", "method", "dist", "tflops", "fp32_tflops", "tf32_tflops",
                        "speedup_vs_fp32", "call_speedup_vs_fp32", "rel_err", "fp32_rel_err"], args.out,
@@ -131,7 +134,6 @@ def main() -> None:
     rows += bench_shape(512, 512, 512, 64, l2, reps=20, settle=settle)
     print(rows[-3:], flush=True)
     save(complete=False)
-    step = args.sweep_step or (1024 if args.quick else 64)
     from tqdm import tqdm
 
     for i, n in enumerate(tqdm(range(64, 47360 + 1, step), desc="M=128, K=4096 sweep")):

@@ -23,7 +23,7 @@ import time
 import torch
 
 import torch_wmmae
-from common import header, inputs_for_rotation, write_results
+from common import header, inputs_for_rotation, require_out_for_partial_runs, write_results
 
 WINDOW_S = 0.1
 POWER_CAP_REASON = 0x4  # nvidia-smi clocks_throttle_reasons: software power cap
@@ -80,8 +80,10 @@ def main() -> None:
     p.add_argument("--cool", type=float, default=2.0, help="idle seconds before each")
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     p.add_argument("--only", default=None,
-                   help="run only the cases whose 'label batch x n^3' contains this text (e.g. 'fp16 1 x 16384')")
+                   help="run only the cases whose 'label batch x n^3' contains this text (e.g. 'fp16 1 x 16384'); "
+                        "needs --out")
     args = p.parse_args()
+    require_out_for_partial_runs(p, args, "--only")
     if not torch.cuda.is_available():
         sys.exit("bench_sustained.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -136,7 +138,7 @@ def main() -> None:
             row["power_capped_share"] = round(sum(1 for s in held if s[3] & POWER_CAP_REASON) / len(held), 2)
             row["pj_per_flop"] = round(row["power_w_median"] / row["median_tflops"], 2)  # W / (TFLOP/s)
         rows.append(row)
-    payload = dict(header(), seconds=args.seconds, window_s=WINDOW_S, rows=rows)
+    payload = dict(header(), seconds=args.seconds, window_s=WINDOW_S, only=args.only, rows=rows)
     write_results("sustained", payload,
                   ["case", "batch", "n", "first_window_tflops", "median_tflops", "sm_mhz_median", "power_w_median",
                    "power_capped_share", "pj_per_flop"],

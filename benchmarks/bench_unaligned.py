@@ -20,7 +20,7 @@ import statistics
 import torch
 
 import torch_wmmae
-from common import header, inputs_for_rotation, loop_ms, write_results
+from common import header, inputs_for_rotation, loop_ms, require_out_for_partial_runs, write_results
 
 # (batch, m, n, k, A's storage offset in floats): odd N at K <= 128 (the flush's share of the time is largest) and
 # beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd N with long K: split-K (4097^3), stream-K
@@ -101,8 +101,7 @@ def main() -> None:
                         help="time only these shapes (batch x m x n x k, every layout and offset of each); "
                              "needs --out, so that the results folder keeps every shape")
     args = parser.parse_args()
-    if args.only is not None and args.out is None:
-        parser.error("--only needs --out")
+    require_out_for_partial_runs(parser, args, "--only")
     if any(name in os.environ for name in SWITCHES):
         parser.error(f"unset {', '.join(SWITCHES)}: this benchmark sets them per path")
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -140,6 +140,14 @@ def inputs_for_rotation(bytes_per_set: int, l2_bytes: int, max_sets: int = 8) ->
     return max(1, min(max_sets, (3 * l2_bytes) // max(1, bytes_per_set) + 1))
 
 
+def require_out_for_partial_runs(parser, args, *options: str) -> None:
+    """A run with any of `options` set (a short or selective run: --quick, --only, ...) writes only into the folder
+    --out names: benchmarks/results keeps the full runs, which README quotes (a short run there replaced them)."""
+    for option in options:
+        if getattr(args, option.lstrip("-").replace("-", "_")) not in (None, False) and args.out is None:
+            parser.error(f"{option} needs --out: benchmarks/results keeps the full runs (README quotes them)")
+
+
 def header() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {

@@ -14,11 +14,22 @@ from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT, child_process_env
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "paper"))
 
-from plot_seed_sweep import dips  # noqa: E402
+from plot_seed_sweep import SWEEP, dips, sweep_range, sweep_rows  # noqa: E402
 
 
 def rows_of(rates):
     return [{"n": 64 * (i + 1), "tflops": r} for i, r in enumerate(rates)]
+
+
+def test_sweep_of_a_stopped_run_is_refused_and_its_range_read_from_the_rows():
+    """The tables read the sweep's range from its rows (a --quick run steps N by 1024, not 64), and refuse a run
+    that bench_corrected_matmul.py saved before its end ("complete": false), whose sweep stops early."""
+    rows = [dict(SWEEP, n=n, blocks=1) for n in (2112, 64, 1088)]
+    assert [r["n"] for r in sweep_rows({"complete": True, "rows": rows})] == [64, 1088, 2112]
+    assert sweep_range(sweep_rows({"complete": True, "rows": rows})) == "64 .. 2112 step 1024"
+    assert sweep_range(sweep_rows({"rows": rows + [dict(SWEEP, n=128, blocks=1)]})) == "64 .. 2112"
+    with pytest.raises(SystemExit, match="unfinished run"):
+        sweep_rows({"complete": False, "rows": rows})
 
 
 def test_steep_rise_is_below_nearby_but_no_dip():

@@ -18,7 +18,8 @@ from torch.utils.cpp_extension import load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from common import header, interleaved_median_ms, write_results  # noqa: E402
+from common import (RESULTS_DIR, header, interleaved_median_ms,  # noqa: E402
+                    require_out_for_partial_runs, write_results)
 
 PAPER = {3: "1.00-1.06x (V100 / RTX 2080)", 5: "1.00-1.15x (V100 / RTX 2080)"}
 
@@ -33,8 +34,10 @@ def build():
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=os.path.join(HERE, "..", "results"))
+    p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = p.parse_args()
+    require_out_for_partial_runs(p, args, "--quick")
+    args.out = args.out or RESULTS_DIR
     from tqdm import tqdm
 
     outer = build()
@@ -63,7 +66,7 @@ def main() -> None:
                          extension_tbps=nbytes / t_ext / 1e9, paper=PAPER[fig]))
         del v, ref
         torch.cuda.empty_cache()
-    payload = header() | {"rows": rows}
+    payload = header() | {"quick": args.quick, "rows": rows}
     write_results("paper_figs", payload, ["fig", "n", "batch", "wmma_ms", "extension_ms", "speedup", "extension_tbps", "paper"],
                   args.out, "Paper Figs. 3 (load_vector) and 5 (make_identity): speed-up of the extension over the WMMA API")
 

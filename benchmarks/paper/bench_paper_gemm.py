@@ -32,7 +32,8 @@ from torch.utils.cpp_extension import load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from common import header, inputs_for_rotation, median_ms, write_results  # noqa: E402
+from common import (RESULTS_DIR, header, inputs_for_rotation,  # noqa: E402
+                    median_ms, require_out_for_partial_runs, write_results)
 
 VARIANTS = {"shared_memory": 0, "registers": 1, "registers_single": 2}
 SKEWS = (0, 4)
@@ -75,8 +76,10 @@ def check_rows(m: int) -> torch.Tensor:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="m = 2^7, 2^9, 2^11, 2^12, 2^13 only")
-    p.add_argument("--out", default=os.path.join(HERE, "..", "results"))
+    p.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = p.parse_args()
+    require_out_for_partial_runs(p, args, "--quick")
+    args.out = args.out or RESULTS_DIR
     from tqdm import tqdm
 
     gemm = build()
@@ -144,6 +147,7 @@ def main() -> None:
     bar.close()
 
     payload = header() | {
+        "quick": args.quick,
         "design": "32x32 output block, 256 threads: 4 warp tiles of 16x16 x 2 K-halves (sum through shared "
                   "memory), BK = 32, 3-stage cp.async ring of fp32 tiles, at most 48 registers (5 blocks per SM)",
         "configs": [key(*c) for c in CONFIGS],

@@ -22,13 +22,24 @@ SWEEP = dict(m=128, k=4096, batch=1, method="auto")  # what marks a sweep row (t
 
 
 def sweep_rows(payload: dict) -> list[dict]:
-    """The sweep rows, sorted by N."""
+    """The sweep rows, sorted by N, of a finished run (bench_corrected_matmul.py saves as it goes, marked
+    "complete": false until the sweep's last point: a stopped run's sweep ends early)."""
+    if payload.get("complete") is False:
+        raise SystemExit("corrected_matmul.json is from an unfinished run (\"complete\": false): re-run "
+                         "benchmarks/bench_corrected_matmul.py to its end")
     rows = [r for r in payload["rows"] if all(r.get(f) == v for f, v in SWEEP.items())]
     missing = [r["n"] for r in rows if "blocks" not in r]
     if missing:
         raise SystemExit(f"{len(missing)} sweep rows have no launch grid (tiles, k_splits, blocks): re-run "
                          "benchmarks/bench_corrected_matmul.py, which records it")
     return sorted(rows, key=lambda r: r["n"])
+
+
+def sweep_range(rows: list[dict]) -> str:
+    """N's range as the rows have it, e.g. "64 .. 47360 step 64" (a --quick run's step is 1024)."""
+    ns = [r["n"] for r in rows]
+    steps = {b - a for a, b in zip(ns, ns[1:])}
+    return f"{ns[0]} .. {ns[-1]}" + (f" step {steps.pop()}" if len(steps) == 1 else "")
 
 
 def summary(rows: list[dict], min_n: int = 2432) -> dict:
