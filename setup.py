@@ -41,8 +41,8 @@ def cuda_arch_list(spec: str) -> tuple:
     """(torch's arch list, extra nvcc flags) for a TORCH_CUDA_ARCH_LIST value (empty: DEFAULT_CUDA_ARCHS).
 
     9.0 is built as 9.0a: Hopper's own instructions (wgmma, which the fp16 corrected GEMM uses) exist only in
-    sm_90a code, which runs on compute capability 9.0 (H100, H200). 9.0+PTX is sm_90a code plus compute_90 PTX:
-    torch would write compute_90a PTX for 9.0a+PTX, which no later GPU can run. Torch's arch list cannot say
+    sm_90a code, which runs on compute capability 9.0 (H100, H200). 9.0+PTX (and 9.0a+PTX) is sm_90a code plus
+    compute_90 PTX: torch would write compute_90a PTX for 9.0a+PTX, which no later GPU can run. Torch's arch list cannot say
     that, and torch adds no -gencode flags of its own where nvcc's flags hold one, so the extra flags are then
     the -gencode flags of the whole list. Named architectures ("Hopper") and "native" are refused: torch expands
     them after this point, and 9.0 would then miss sm_90a."""
@@ -53,7 +53,7 @@ def cuda_arch_list(spec: str) -> tuple:
         if not ARCH_ENTRY.match(entry):
             sys.exit(f"torch_wmmae: TORCH_CUDA_ARCH_LIST entries must be compute capabilities such as 8.0, 9.0 or "
                      f"8.6+PTX, got {entry!r} in {spec!r}")
-        if entry == "9.0+PTX":
+        if entry in ("9.0+PTX", "9.0a+PTX"):  # (compute_90 PTX for both: compute_90a PTX runs on no later GPU)
             archs.append("9.0a")
             ptx_90 = True
         elif entry == "9.0":

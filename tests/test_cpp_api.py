@@ -248,3 +248,45 @@ def test_cmake_reads_the_arch_list_as_setup_py(tmp_path, given):
     out = _run(["cmake", "-S", REPO_ROOT, "-B", tmp_path / "build", *args], env=env)
     want = "9.0a" if given == "9.0" else "8.0;9.0a"
     assert f"-- torch_wmmae: CUDA architectures {want}\n" in out, out[-3000:]
+
+
+# (where the library is configured, TORCH_CUDA_ARCH_LIST in the environment) -> the -gencode flags of its CUDA
+# sources: its own, also as a subdirectory of a project that found torch first, which leaves torch's flags for its
+# own list (or this machine's default) and CMAKE_CUDA_ARCHITECTURES=OFF behind.
+GENCODE_CASES = {
+    "top_level_9.0+PTX": (False, "8.0;9.0+PTX", ["compute_80,code=sm_80", "compute_90a,code=sm_90a",
+                                                 "compute_90,code=compute_90"]),
+    "top_level_9.0a+PTX": (False, "9.0a+PTX", ["compute_90a,code=sm_90a", "compute_90,code=compute_90"]),
+    "subdirectory_unset": (True, None, ["compute_80,code=sm_80", "compute_90a,code=sm_90a"]),
+    "subdirectory_9.0": (True, "9.0", ["compute_90a,code=sm_90a"]),
+    "subdirectory_8.6+PTX": (True, "8.6+PTX", ["compute_86,code=sm_86", "compute_86,code=compute_86"]),
+}
+
+
+@pytest.mark.skipif(NVCC is None, reason="configuring the CUDA kernels needs nvcc")
+@pytest.mark.parametrize("case", list(GENCODE_CASES))
+def test_cmake_gencode_flags_are_the_librarys_own(tmp_path, case):
+    """The CUDA sources compile for the library's arch list (9.0 as sm_90a, 9.0+PTX and 9.0a+PTX with compute_90
+    PTX), and WMMAE_HAS_SM90A is defined exactly where sm_90a code is built: as a subdirectory it took the parent's
+    flags (torch's config adds them once per project), sm_90 without sm_90a, with WMMAE_HAS_SM90A defined (the
+    wgmma kernel would trap on an H100), and without a list it refused the parent's CMAKE_CUDA_ARCHITECTURES=OFF.
+    Read from the configure step's flags.make (no build)."""
+    subdirectory, arch_list, want = GENCODE_CASES[case]
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_ARCH_LIST"}
+    if arch_list is not None:
+        env["TORCH_CUDA_ARCH_LIST"] = arch_list
+    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DTORCH_WMMAE_WITH_CUDA=ON",
+            "-DTORCH_WMMAE_BUILD_TESTS=OFF", f"-DCMAKE_CUDA_COMPILER={NVCC}", *_toolkit_args()]
+    source, library_dir = REPO_ROOT, tmp_path / "build"
+    if subdirectory:
+        source = tmp_path / "parent"
+        source.mkdir()
+        (source / "CMakeLists.txt").write_text(
+            "cmake_minimum_required(VERSION 3.18)\nproject(parent LANGUAGES CXX)\nfind_package(Torch REQUIRED)\n"
+            f"add_subdirectory({REPO_ROOT.as_posix()} torch_wmmae)\n")
+        library_dir = library_dir / "torch_wmmae"
+    _run(["cmake", "-S", source, "-B", tmp_path / "build", *args], env=env)
+    flags = (library_dir / "CMakeFiles" / "torch_wmmae_shared.dir" / "flags.make").read_text()
+    cuda_flags = "\n".join(line for line in flags.splitlines() if line.startswith(("CUDA_FLAGS", "CUDA_DEFINES")))
+    assert re.findall(r"-gencode[= ]arch=(\S+)", cuda_flags) == want, cuda_flags
+    assert ("-DWMMAE_HAS_SM90A" in cuda_flags) == ("compute_90a,code=sm_90a" in want), cuda_flags

@@ -63,6 +63,7 @@ ARCH_LISTS = {
                              "-gencode=arch=compute_86,code=compute_86", "-gencode=arch=compute_90a,code=sm_90a",
                              "-gencode=arch=compute_90,code=compute_90"]),
     "9.0a": (["9.0a"], []),
+    "9.0a+PTX": (["9.0a"], ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90"]),
     "": (["8.0", "9.0a"], []),  # set but empty: the default, as unset
 }
 
