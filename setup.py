@@ -85,7 +85,12 @@ def want_cuda() -> bool:
 
     # (torch sets CUDA_HOME wherever /usr/local/cuda exists, also in images with the CUDA runtime but no nvcc)
     home = cpp_extension.CUDA_HOME
-    return torch.version.cuda is not None and home is not None and os.path.isfile(os.path.join(home, "bin", "nvcc"))
+    has_nvcc = home is not None and os.path.isfile(os.path.join(home, "bin", "nvcc"))
+    if torch.version.cuda is not None and not has_nvcc:  # (said, since the GPU would then run nothing of ours)
+        print(f"torch_wmmae: WARNING: torch {torch.__version__} is a CUDA build, but no nvcc was found (CUDA_HOME "
+              f"{home!r}): building the CPU kernels only; set CUDA_HOME to a CUDA {torch.version.cuda} toolkit for "
+              "the CUDA kernels", file=sys.stderr)
+    return torch.version.cuda is not None and has_nvcc
 
 
 def extension():
