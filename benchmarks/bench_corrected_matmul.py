@@ -21,13 +21,9 @@ import time
 import torch
 
 import torch_wmmae
-from common import header, median_ms, require_out_for_partial_runs, rotating_operands, write_results
+from common import header, median_ms, rel_err, require_out_for_partial_runs, rotating_operands, write_results
 
 METHODS = ("auto", "fp16", "tf32")
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref).norm() / ref.norm()).item()
 
 
 def reference_rows(a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:

@@ -140,6 +140,11 @@ def inputs_for_rotation(bytes_per_set: int, l2_bytes: int, max_sets: int = 8) ->
     return max(1, min(max_sets, (3 * l2_bytes) // max(1, bytes_per_set) + 1))
 
 
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F, with ref the float64 product."""
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
 def require_out_for_partial_runs(parser, args, *options: str) -> None:
     """A run with any of `options` set (a short or selective run: --quick, --only, ...) writes only into the folder
     --out names: benchmarks/results keeps the full runs, which README quotes (a short run there replaced them)."""

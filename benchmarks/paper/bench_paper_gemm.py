@@ -33,7 +33,7 @@ from torch.utils.cpp_extension import load
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from common import (RESULTS_DIR, header, inputs_for_rotation,  # noqa: E402
-                    median_ms, require_out_for_partial_runs, write_results)
+                    median_ms, rel_err, require_out_for_partial_runs, write_results)
 
 VARIANTS = {"shared_memory": 0, "registers": 1, "registers_single": 2}
 SKEWS = (0, 4)
@@ -59,10 +59,6 @@ def build():
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise RuntimeError(message)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref).norm() / ref.norm()).item()
 
 
 def check_rows(m: int) -> torch.Tensor:
