@@ -10,7 +10,10 @@ with the accuracy contract of the fuzz test). Deselect with `-m "not large"`.
 """
 from __future__ import annotations
 
+import fcntl
 import gc
+import os
+import tempfile
 
 import pytest
 import torch
@@ -34,12 +37,17 @@ METHODS = ["auto", "fp16", "tf32"]
 
 
 @pytest.fixture(autouse=True)
-def _release_memory():
-    gc.collect()
-    torch.cuda.empty_cache()
-    yield
-    gc.collect()
-    torch.cuda.empty_cache()
+def _one_large_test_at_a_time():
+    """Holds a lock that every pytest process of this machine shares, so that the xdist workers run these tests one
+    at a time, and releases the memory of earlier tests. Each needs most of the GPU's memory, and require_free's
+    check raced the other workers' allocations: under -n 8, two tests ran out of memory (session 117)."""
+    with open(os.path.join(tempfile.gettempdir(), "torch_wmmae_large_tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        gc.collect()
+        torch.cuda.empty_cache()
+        yield
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def require_free(nbytes: float) -> None:
