@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import statistics
+from collections import deque
 from typing import Callable, Sequence
 
 import torch
@@ -133,6 +134,17 @@ def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, 
         events = enqueue()
         torch.cuda.synchronize()
     return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in events]
+
+
+def holding_results(fn: Callable[[], object], bytes_per_result: int, l2_bytes: int) -> Callable[[], None]:
+    """fn, with its last results kept alive (inputs_for_rotation of them), so that the caching allocator gives each
+    call another output block: a function that allocates its output gets back the block its previous call freed, and
+    an output smaller than the L2 would then be written into lines still in the L2, never all to memory."""
+    held = deque(maxlen=inputs_for_rotation(bytes_per_result, l2_bytes))
+
+    def call() -> None:
+        held.append(fn())
+    return call
 
 
 def inputs_for_rotation(bytes_per_set: int, l2_bytes: int, max_sets: int = 8) -> int:

@@ -1,6 +1,6 @@
 """The benchmark tools that need no GPU: the sweep figures that README and NOTES quote
 (benchmarks/paper/plot_seed_sweep.dips on made-up curves whose dips are known), bench_sustained's nvidia-smi
-reader, the paper table, the short sums' error measurement, and the CUDA microbenchmarks' builds."""
+reader, the output rotation of the interleaved timings, the paper table, the short sums' error measurement, and the CUDA microbenchmarks' builds."""
 from __future__ import annotations
 
 import json
@@ -80,6 +80,35 @@ def test_sustained_reads_nvidia_smi_samples(tmp_path):
     assert [s[1:] for s in samples] == [(1770.0, 692.40, 0x4), (1980.0, 120.05, 0)]
     assert abs((samples[1][0] - samples[0][0]) - 0.05) < 1e-6
     assert samples[0][3] & POWER_CAP_REASON and not samples[1][3] & POWER_CAP_REASON
+
+
+def test_holding_results_keeps_a_rotation_of_outputs_alive():
+    # common.holding_results: the last inputs_for_rotation(bytes, L2) results stay alive, so that each call's output
+    # is another block than those of its recent predecessors; older ones are released (no growth).
+    import weakref
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from common import holding_results, inputs_for_rotation
+
+    class Output:  # a weakref-able stand-in for a tensor the timed function allocates
+        pass
+
+    made = []
+
+    def allocate():
+        made.append(Output())
+        return made[-1]
+
+    mib = 1 << 20
+    held = inputs_for_rotation(32 * mib, 50 * mib)
+    assert held == 5  # one rotation of 6 outputs of 32 MiB: more than 3x a 50 MiB L2
+    call = holding_results(allocate, 32 * mib, 50 * mib)
+    for _ in range(25):
+        call()
+    alive = [weakref.ref(o) for o in made]
+    made.clear()
+    assert [r() is not None for r in alive] == [False] * 20 + [True] * 5
+    assert inputs_for_rotation(4096 * mib, 50 * mib) == 1  # a large output: the previous one only
 
 
 def test_paper_table_is_up_to_date(tmp_path):
