@@ -1,4 +1,4 @@
-"""corrected_matmul called back to back, as in a training step's sequence of ops, against torch.matmul fp32.
+"""corrected_matmul called back to back, as in a training step's sequence of ops, against torch.matmul fp32 and TF32.
 
 bench_corrected_matmul.py puts a pair of CUDA events around every call, so no call there can overlap the one
 before it. Here `calls` calls run between one pair of events (common.loop_ms, the host kept ahead), so a
@@ -29,7 +29,8 @@ SHAPES = [(1, 128, 1024, 4096), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048), (2
           (8192, 32, 32, 32), (16384, 16, 16, 16), (1, 64, 64, 64), (600, 64, 64, 64), (1300, 64, 64, 32),
           (2000, 32, 32, 32), (100, 64, 64, 32), (1, 512, 512, 64), (1, 1024, 1024, 32), (1, 256, 256, 128),
           (1, 4096, 4096, 64)]
-COLUMNS = ["m", "n", "k", "batch", "method", "loop_us", "per_call_us", "fp32_loop_us", "loop_speedup_vs_fp32"]
+COLUMNS = ["m", "n", "k", "batch", "method", "loop_us", "per_call_us", "fp32_loop_us", "loop_speedup_vs_fp32",
+           "tf32_loop_us", "loop_speedup_vs_tf32"]
 
 
 def main() -> None:
@@ -44,16 +45,20 @@ def main() -> None:
         a, b = rotating_operands(m, n, k, batch, l2)
         sets = len(a)
         fp32_us = 1000 * loop_ms(lambda i: torch.matmul(a[i], b[i]), sets, args.calls)
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32: faster than fp32, less accurate (10 mantissa bits)
+        tf32_us = 1000 * loop_ms(lambda i: torch.matmul(a[i], b[i]), sets, args.calls)
+        torch.backends.cuda.matmul.allow_tf32 = False
         for method in ("auto", "fp16"):
             call = lambda i: torch_wmmae.corrected_matmul(a[i], b[i], method=method)
             loop_us = 1000 * loop_ms(call, sets, args.calls)
             per_call_us = 1000 * median_ms(call, n_inputs=sets, warmup=3, reps=args.calls, host_ahead=True)
             rows.append(dict(m=m, n=n, k=k, batch=batch, method=method, loop_us=loop_us, per_call_us=per_call_us,
-                             fp32_loop_us=fp32_us, loop_speedup_vs_fp32=fp32_us / loop_us))
+                             fp32_loop_us=fp32_us, loop_speedup_vs_fp32=fp32_us / loop_us, tf32_loop_us=tf32_us,
+                             loop_speedup_vs_tf32=tf32_us / loop_us))
             print(f"{batch}x{m}x{n}x{k} {method:4s} back to back {loop_us:7.1f} us, per-call events "
-                  f"{per_call_us:7.1f} us, torch fp32 back to back {fp32_us:7.1f} us")
+                  f"{per_call_us:7.1f} us, torch fp32 / TF32 back to back {fp32_us:7.1f} / {tf32_us:7.1f} us")
     write_results("back_to_back", {**header(), "calls": args.calls, "rows": rows}, COLUMNS, args.out,
-                  "corrected_matmul back to back vs torch.matmul fp32")
+                  "corrected_matmul back to back vs torch.matmul fp32 and TF32")
 
 
 if __name__ == "__main__":
