@@ -7,8 +7,10 @@ residues), and (for an odd N, whose output rows are not 8-byte aligned) the fp16
 which stages its output rows through shared memory (README, Performance). Each row times the default and the paths
 that its environment switches force, in one process (the switches are read at every call), rounds rotated; each time
 is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead). Inputs are U(-1, 1) and
-rotate as in the main benchmark (common.inputs_for_rotation). Writes benchmarks/results/unaligned.json and .md (or
---out).
+rotate as in the main benchmark (common.inputs_for_rotation). Before timing, one call of each path is checked against
+a float64 product (worst_err_over_fp32: the largest ratio of a path's error to torch.matmul fp32's; the run fails
+past MAX_ERR_OVER_FP32) and its kernels are recorded (the JSON's `kernels`, by path: what the switches made it run).
+Writes benchmarks/results/unaligned.json and .md (or --out).
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ import argparse
 import math
 import os
 import statistics
+import sys
 
 import torch
 
 import torch_wmmae
-from common import header, inputs_for_rotation, loop_ms, require_out_for_partial_runs, write_results
+from common import header, inputs_for_rotation, loop_ms, rel_err, require_out_for_partial_runs, write_results
 
 # (batch, m, n, k, A's storage offset in floats): odd N at K <= 128 (the flush's share of the time is largest) and
 # beyond, up to the small GEMM's side of its rule (N <= 64) and past it; odd N with long K: split-K (4097^3), stream-K
@@ -74,7 +77,26 @@ VARIANTS = {
     "tile_batch_classes_us": {"TORCH_WMMAE_SMALL_GEMM": "0", "TORCH_WMMAE_BATCH_RESIDUE_CLASSES": "1"},
 }
 SMALL_GEMM_MAX_K = 128  # corrected_gemm_small.cuh's kSmallMaxK: beyond it TORCH_WMMAE_SMALL_GEMM=1 runs the tile GEMMs
-COLUMNS = ["batch", "m", "n", "k", "a_offset", "layout", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32"]
+# A path whose error is this many times torch.matmul fp32's is wrong, not unlucky: corrected_matmul's error is at most
+# about 4x fp32's on any of these shapes (tests/hardening.py, parity_slack), a wrong tile or line ~10^5x.
+MAX_ERR_OVER_FP32 = 8.0
+COLUMNS = ["batch", "m", "n", "k", "a_offset", "layout", "method", *VARIANTS, "fp32_us", "default_speedup_vs_fp32",
+           "worst_err_over_fp32"]
+
+
+def kernels_of(fn) -> list:
+    """The distinct names of the CUDA kernels (and copies, memsets) that fn() launches, by torch.profiler, with their
+    template arguments (which tell the paths apart) but not their parameter lists."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({short_kernel_name(e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA})
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's name without its return type and parameter list: "void ns::k<1, true>(Args)" -> "ns::k<1, true>"."""
+    return name.removeprefix("void ").split("(")[0]
 
 
 def operand(shape, offset: int, gen: torch.Generator, transposed: bool = False) -> torch.Tensor:
@@ -124,6 +146,19 @@ def main() -> None:
                      if (name != "small_gemm_us" or k <= SMALL_GEMM_MAX_K)
                      and (name != "tile_batch_classes_us" or odd_batch_stride)}
             names = list(times)
+            # Each path once, before timing: its error against a float64 product, and its kernels.
+            reference = torch.matmul(a[0].double(), b[0].double())
+            set_path({})
+            fp32_err = rel_err(torch.matmul(a[0], b[0]), reference)
+            errors, kernels = {}, {}
+            for name in names:
+                if name != "fp32_us":
+                    set_path(VARIANTS[name])
+                    call = lambda: torch_wmmae.corrected_matmul(a[0], b[0], method=args.method)
+                    errors[name] = rel_err(call(), reference)
+                    kernels[name] = kernels_of(call)
+            set_path({})
+            del reference
             for rnd in range(args.rounds):
                 for name in names[rnd % len(names):] + names[:rnd % len(names)]:
                     if name == "fp32_us":
@@ -136,13 +171,21 @@ def main() -> None:
             row = dict(batch=batch, m=m, n=n, k=k, a_offset=offset, layout=layout, method=args.method,
                        **{name: statistics.median(t) for name, t in times.items()})
             row["default_speedup_vs_fp32"] = row["fp32_us"] / row["default_us"]
+            row["worst_err_over_fp32"] = max(errors.values()) / fp32_err
+            row["kernels"] = kernels
             rows.append(row)
+            if row["worst_err_over_fp32"] > MAX_ERR_OVER_FP32:
+                print(f"WRONG: errors by path {errors}, torch fp32 {fp32_err:.3g}", flush=True)
             print(f"{batch}x{m}x{n}x{k} A+{offset} {layout}: "
                   + "  ".join(f"{c} {t:.1f}" for c, t in row.items() if c in times), flush=True)
     finally:
         set_path({})
     write_results("unaligned", {**header(), "method": args.method, "rounds": args.rounds, "rows": rows}, COLUMNS,
                   args.out, "corrected_matmul on unaligned operands and odd widths, by path, vs torch.matmul fp32")
+    wrong = [f"{r['batch']}x{r['m']}x{r['n']}x{r['k']} {r['layout']}" for r in rows
+             if r["worst_err_over_fp32"] > MAX_ERR_OVER_FP32]
+    if wrong:
+        sys.exit(f"a path's error exceeds {MAX_ERR_OVER_FP32}x torch.matmul fp32's on {', '.join(wrong)}")
 
 
 if __name__ == "__main__":
