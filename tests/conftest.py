@@ -373,6 +373,29 @@ def dispatched_ops(fn) -> list[str]:
     return names
 
 
+def compiled_autograd_graphs(backward) -> list:
+    """Runs backward() (a backward pass) under Compiled Autograd, which traces it as one graph and compiles that with
+    Dynamo (backend "eager"), and returns the FX graphs Dynamo compiled."""
+    from torch._dynamo import compiled_autograd
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with compiled_autograd._enable(torch.compile(backend=record)):
+        backward()
+    return graphs
+
+
+def graph_calls(graphs) -> list[str]:
+    """The names of what the graphs call (call_function nodes' targets)."""
+    return [getattr(node.target, "__name__", str(node.target)) for gm in graphs for node in gm.graph.nodes
+            if node.op == "call_function"]
+
+
 def launched_kernels(fn) -> list[tuple[str, int]]:
     """(name, device index) of every CUDA kernel (and memset or copy) that fn() launches, on any device. Earlier
     tests' cyclic garbage (a failed test's frames hold its memory pools and tensors) is collected first, and the

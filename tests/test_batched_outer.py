@@ -10,7 +10,8 @@ import torch
 
 from torch_wmmae import batched_outer
 
-from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients, dispatched_ops,
+from conftest import (TORCH_FUNC_TRANSFORMS, U32, assert_memory_savers_keep_gradients, compiled_autograd_graphs,
+                      dispatched_ops, graph_calls,
                       assert_node_saves_only_the_other_operand, float32_matmuls, leaves,
                       poisoned_pool_where_possible, random_tensor, rel_err, requires_cuda)
 from hardening import assert_outer_correct, is_gpu, outer_reference64
@@ -357,6 +358,35 @@ def test_backward_computes_only_the_gradients_asked_for(device, gen, which):
     ops = dispatched_ops(lambda: grads.extend(torch.autograd.grad(out, x, grad_out)))
     assert ops.count("aten::sum") == 1, ops
     _assert_gradient_close(grads[0], *_outer_gradient(grad_out.cpu().double(), other.detach().cpu().double(), which), 11)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
+def test_compiled_autograd_of_an_eager_call(device, gen, with_v, dtype):
+    """Compiled Autograd (the backward pass traced as one graph) over an op called eagerly: the C++ node hands it a
+    function of the gradients (apply_with_saved), whose call is in the traced graph: the float64 gradients in the
+    inputs' dtype (v = None: u's gradient of both roles), and a pass that asks for u's gradient only computes it
+    alone (one product of the output's gradient with a vector)."""
+    u = random_tensor(gen, (4, 11), "normal", device).to(dtype).requires_grad_()
+    v = random_tensor(gen, (4, 11), "normal", device).to(dtype).requires_grad_() if with_v else None
+    grad_out = random_tensor(gen, (4, 11, 11), "normal", device)
+    g64 = grad_out.cpu().double()
+    u64 = u.detach().cpu().double()
+    out = batched_outer(u, v, alpha=-1.5)
+    graphs = compiled_autograd_graphs(lambda: out.backward(grad_out))
+    assert any(name.startswith("CppNodeBatchedOuterBackward") for name in graph_calls(graphs)), graph_calls(graphs)
+    if with_v:
+        _assert_gradient_close(u.grad, *_outer_gradient(g64, v.detach().cpu().double(), "u"), 11)
+        _assert_gradient_close(v.grad, *_outer_gradient(g64, u64, "v"), 11)
+        u.grad = v.grad = None
+        out = batched_outer(u, v, alpha=-1.5)
+        ops = dispatched_ops(lambda: compiled_autograd_graphs(lambda: out.backward(grad_out, inputs=[u])))
+        assert ops.count("aten::sum") == 1, ops
+        assert v.grad is None
+        _assert_gradient_close(u.grad, *_outer_gradient(g64, v.detach().cpu().double(), "u"), 11)
+    else:  # grad_u = (g + g^T) u
+        want, magnitude = _outer_gradient(g64 + g64.transpose(-1, -2), u64, "u")
+        _assert_gradient_close(u.grad, want, magnitude, 22)
 
 
 @pytest.mark.parametrize("which", ["u", "v"])

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, device_gemm_grid, dispatched_ops, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_pool_where_possible, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
+from conftest import DEVICES, TORCH_FUNC_TRANSFORMS, compiled_autograd_graphs, device_gemm_grid, dispatched_ops, graph_calls, assert_memory_savers_keep_gradients, assert_node_saves_only_the_other_operand, U32, deterministic, fp16_split_reference, launched_kernels, leaves, outputs_at_risk, poisoned_pool_where_possible, profiler_records_kernels, random_signs, random_tensor, random_tensor_in_layout, rel_err, requires_cuda, runs_sm90_gemm
 from hardening import assert_matmul_within_dot_product_bound, fp32_floor, parity_slack
 
 METHODS = ["auto", "fp16", "tf32"]
@@ -1218,13 +1218,6 @@ def test_compile_backward_matches_eager(device, gen):
     torch.testing.assert_close(gb, eb, rtol=1e-6, atol=0)
 
 
-def _compiled_autograd_backward(loss) -> None:
-    from torch._dynamo import compiled_autograd
-
-    with compiled_autograd._enable(torch.compile(backend="eager")):
-        loss.backward()
-
-
 def test_compiled_autograd_of_a_compiled_forward(device, gen):
     """Compiled Autograd (the backward pass traced as one graph) over a forward compiled with torch.compile: its
     backward is AOTAutograd's, which calls the op: the float64 gradients, within float32's accuracy."""
@@ -1233,22 +1226,46 @@ def test_compiled_autograd_of_a_compiled_forward(device, gen):
     b = random_tensor(gen, (40, 7), "normal", device).requires_grad_()
     grad_out = random_tensor(gen, (2, 9, 7), "normal", device)
     compiled = torch.compile(lambda a, b: (corrected_matmul(a, b) * grad_out).sum(), fullgraph=True, backend="aot_eager")
-    _compiled_autograd_backward(compiled(a, b))
+    loss = compiled(a, b)
+    compiled_autograd_graphs(loss.backward)
     g64 = grad_out.double()
     assert rel_err(a.grad, g64 @ b.detach().double().t()) < 1e-5
     assert rel_err(b.grad, (a.detach().double().transpose(-1, -2) @ g64).sum(0)) < 1e-5
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="the ops' backward nodes (C++) lack Compiled Autograd's interface (compiled_args, and an "
-                          "apply_with_saved through its functional calls): README, torch.compile")
-def test_compiled_autograd_of_an_eager_call(device, gen):
-    """Compiled Autograd over an op called eagerly: its C++ backward node is refused ("compiled_args not
-    implemented: CorrectedMatmulBackward"), a clear error and no wrong gradient."""
-    torch._dynamo.reset()
-    a = random_tensor(gen, (9, 40), "normal", device).requires_grad_()
-    b = random_tensor(gen, (40, 7), "normal", device).requires_grad_()
-    _compiled_autograd_backward(corrected_matmul(a, b).sum())
+@pytest.mark.parametrize("shapes", [((9, 40), (40, 7)), ((3, 5, 40), (40,)), ((40,), (2, 40, 7)),
+                                    ((2, 1, 9, 40), (3, 40, 7)), ((4, 9, 40), (40, 7))],
+                         ids=["matrices", "batch_at_vector", "vector_at_batch", "broadcast", "x_at_w"])
+def test_compiled_autograd_of_an_eager_call(device, gen, shapes):
+    """Compiled Autograd over an op called eagerly: the C++ node hands it a function of the gradients
+    (apply_with_saved), whose call is in the traced graph: the float64 gradients (summed over broadcast batch
+    dimensions, 1-D operands promoted and squeezed as torch.matmul does), within float32's accuracy."""
+    a = random_tensor(gen, shapes[0], "normal", device).requires_grad_()
+    b = random_tensor(gen, shapes[1], "normal", device).requires_grad_()
+    out = corrected_matmul(a, b)
+    grad_out = random_tensor(gen, out.shape, "normal", device)
+    graphs = compiled_autograd_graphs(lambda: out.backward(grad_out))
+    assert any(name.startswith("CppNodeCorrectedMatmulBackward") for name in graph_calls(graphs)), graph_calls(graphs)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    torch.matmul(a64, b64).backward(grad_out.double())
+    assert rel_err(a.grad, a64.grad) < 1e-5
+    assert rel_err(b.grad, b64.grad) < 1e-5
+
+
+def test_compiled_autograd_computes_only_the_gradients_asked_for(device, gen):
+    """As test_backward_computes_only_the_gradients_asked_for, under Compiled Autograd: backward(inputs=[a]) runs
+    one product (grad_a's), a whole backward pass two."""
+    a = random_tensor(gen, (5, 18), "normal", device).requires_grad_()
+    b = random_tensor(gen, (18, 4), "normal", device).requires_grad_()
+    grad_out = random_tensor(gen, (5, 4), "normal", device)
+    out = corrected_matmul(a, b)
+    ops = dispatched_ops(lambda: compiled_autograd_graphs(lambda: out.backward(grad_out, inputs=[a])))
+    assert ops.count("wmmae::corrected_matmul") == 1, ops
+    assert b.grad is None
+    assert rel_err(a.grad, grad_out.double() @ b.detach().double().t()) < 1e-5
+    out = corrected_matmul(a, b)
+    ops = dispatched_ops(lambda: compiled_autograd_graphs(lambda: out.backward(grad_out)))
+    assert ops.count("wmmae::corrected_matmul") == 2, ops
 
 
 def test_compile_backward_keeps_shapes_dynamic(device, gen):

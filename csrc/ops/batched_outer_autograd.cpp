@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "autograd_support.hpp"
 #include "op_calls.hpp"
@@ -29,6 +30,26 @@ at::Tensor times_vector(const at::Tensor& g, const at::Tensor& x) {
   return (g.to(at::kFloat) * x.to(at::kFloat).unsqueeze(-2)).sum(-1);
 }
 
+// The gradients of batched_outer(u, v) that are asked for (need_u: grad_u, which reads v; need_v: grad_v, which
+// reads u), for the incoming gradient g, in the inputs' dtypes; v_is_u: the call had no v, so u is both and its
+// gradient is the one asked for by need_u. The node's apply() and its function in Compiled Autograd's graph both
+// compute them here.
+variable_list batched_outer_gradients(const at::Tensor& g, const at::Tensor& u, const at::Tensor& v, bool v_is_u,
+                                      at::ScalarType u_dtype, at::ScalarType v_dtype, bool need_u, bool need_v) {
+  variable_list grad_inputs(v_is_u ? 1 : 2);
+  if (!g.defined()) return grad_inputs;
+  if (v_is_u) {
+    if (need_u) {
+      const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
+      grad_inputs[0] = times_vector(g32 + g32.transpose(-1, -2), u).to(u_dtype);
+    }
+    return grad_inputs;
+  }
+  if (need_u) grad_inputs[0] = times_vector(g, v).to(u_dtype);
+  if (need_v) grad_inputs[1] = times_vector(g.transpose(-1, -2), u).to(v_dtype);
+  return grad_inputs;
+}
+
 struct BatchedOuterBackward : public torch::autograd::Node {
   // grad_u reads v and grad_v reads u, so each is saved only where the other's gradient is wanted (v = None:
   // v is u, saved once for grad_u); an operand that no gradient reads may be changed in place after the call.
@@ -42,22 +63,49 @@ struct BatchedOuterBackward : public torch::autograd::Node {
     v_.reset_data();
   }
   variable_list apply(variable_list&& grad_outputs) override {
-    variable_list grad_inputs(v_is_u_ ? 1 : 2);
-    const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return grad_inputs;
+    if (!grad_outputs[0].defined()) return variable_list(v_is_u_ ? 1 : 2);
     // (task_: only the gradients this backward pass asks for, as in CorrectedMatmulBackward.)
-    if (v_is_u_) {
-      if (task_should_compute_output(0)) {
-        const at::Tensor g32 = g.to(at::kFloat);  // (the sum in float32 too: g may be fp16/bf16)
-        grad_inputs[0] = times_vector(g32 + g32.transpose(-1, -2), u_.unpack(shared_from_this())).to(u_dtype_);
-      }
-      return grad_inputs;
-    }
-    if (task_should_compute_output(0)) grad_inputs[0] = times_vector(g, v_.unpack(shared_from_this())).to(u_dtype_);
-    if (task_should_compute_output(1)) {
-      grad_inputs[1] = times_vector(g.transpose(-1, -2), u_.unpack(shared_from_this())).to(v_dtype_);
-    }
-    return grad_inputs;
+    const bool need_u = task_should_compute_output(0), need_v = !v_is_u_ && task_should_compute_output(1);
+    const bool u_read = v_is_u_ ? need_u : need_v;
+    return batched_outer_gradients(grad_outputs[0], u_read ? u_.unpack(shared_from_this()) : at::Tensor(),
+                                   !v_is_u_ && need_u ? v_.unpack(shared_from_this()) : at::Tensor(), v_is_u_,
+                                   u_dtype_, v_dtype_, need_u, need_v);
+  }
+
+  // Compiled Autograd (autograd_support.hpp, CompiledAutogradCall).
+  void compiled_args(torch::autograd::CompiledNodeArgs& args) const override {
+    args.collect(u_, /*is_output=*/false);
+    args.collect(v_, /*is_output=*/false);
+    args.collect(v_is_u_);
+    args.collect(u_dtype_);
+    args.collect(v_dtype_);
+  }
+  variable_list apply_with_saved(const variable_list& grads, torch::autograd::SwapSavedVariables& saved) override {
+    saved.before(u_);
+    saved.before(v_);
+    CompiledAutogradCall call;
+    call.pack(saved_or_none(u_));
+    call.pack(saved_or_none(v_));
+    call.pack(v_is_u_);
+    call.pack(u_dtype_);
+    call.pack(v_dtype_);
+    call.pack(task_should_compute_output(0));
+    call.pack(!v_is_u_ && task_should_compute_output(1));
+    variable_list result = call.call(*this, saved, name(), &gradients_of_packed, grads);
+    saved.after(u_);
+    saved.after(v_);
+    return result;
+  }
+  static variable_list gradients_of_packed(const variable_list& grads, const std::vector<c10::IValue>& values) {
+    torch::dynamo::autograd::PackedArgs packed(values);
+    const auto u = packed.unpack<std::optional<at::Tensor>>();
+    const auto v = packed.unpack<std::optional<at::Tensor>>();
+    const bool v_is_u = packed.unpack<bool>();
+    const auto u_dtype = packed.unpack<at::ScalarType>();
+    const auto v_dtype = packed.unpack<at::ScalarType>();
+    const bool need_u = packed.unpack<bool>(), need_v = packed.unpack<bool>();
+    return batched_outer_gradients(grads[0], u.value_or(at::Tensor()), v.value_or(at::Tensor()), v_is_u, u_dtype,
+                                   v_dtype, need_u, need_v);
   }
 };
 
