@@ -373,12 +373,14 @@ def dispatched_ops(fn) -> list[str]:
     return names
 
 
-def compiled_autograd_graphs(backward) -> list:
+def compiled_autograd_graphs(backward, fresh: bool = True) -> list:
     """Runs backward() (a backward pass) under Compiled Autograd, which traces it as one graph and compiles that with
-    Dynamo (backend "eager"), and returns the FX graphs Dynamo compiled."""
+    Dynamo (backend "eager"), and returns the FX graphs Dynamo compiled. fresh: Dynamo's and Compiled Autograd's
+    caches emptied first (else an earlier pass's graph serves where its cache key matches)."""
     from torch._dynamo import compiled_autograd
 
-    torch._dynamo.reset()
+    if fresh:
+        torch._dynamo.reset()
     graphs = []
 
     def record(gm, example_inputs):

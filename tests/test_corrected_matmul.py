@@ -1254,18 +1254,30 @@ def test_compiled_autograd_of_an_eager_call(device, gen, shapes):
 
 def test_compiled_autograd_computes_only_the_gradients_asked_for(device, gen):
     """As test_backward_computes_only_the_gradients_asked_for, under Compiled Autograd: backward(inputs=[a]) runs
-    one product (grad_a's), a whole backward pass two."""
+    one product (grad_a's), a whole backward pass two; and a graph traced for one set of gradients does not serve
+    a pass that asks for another (its cache key holds which gradients are asked for)."""
     a = random_tensor(gen, (5, 18), "normal", device).requires_grad_()
     b = random_tensor(gen, (18, 4), "normal", device).requires_grad_()
     grad_out = random_tensor(gen, (5, 4), "normal", device)
+    want_a, want_b = grad_out.double() @ b.detach().double().t(), a.detach().double().t() @ grad_out.double()
     out = corrected_matmul(a, b)
     ops = dispatched_ops(lambda: compiled_autograd_graphs(lambda: out.backward(grad_out, inputs=[a])))
     assert ops.count("wmmae::corrected_matmul") == 1, ops
     assert b.grad is None
-    assert rel_err(a.grad, grad_out.double() @ b.detach().double().t()) < 1e-5
+    assert rel_err(a.grad, want_a) < 1e-5
     out = corrected_matmul(a, b)
     ops = dispatched_ops(lambda: compiled_autograd_graphs(lambda: out.backward(grad_out)))
     assert ops.count("wmmae::corrected_matmul") == 2, ops
+    for asked in ("b", "a", "ab"):  # the caches kept between the passes
+        a.grad = b.grad = None
+        out = corrected_matmul(a, b)
+        compiled_autograd_graphs(lambda: out.backward(grad_out, inputs=[{"a": a, "b": b}[x] for x in asked]),
+                                 fresh=False)
+        assert (a.grad is not None) == ("a" in asked) and (b.grad is not None) == ("b" in asked)
+        if "a" in asked:
+            assert rel_err(a.grad, want_a) < 1e-5
+        if "b" in asked:
+            assert rel_err(b.grad, want_b) < 1e-5
 
 
 def test_compile_backward_keeps_shapes_dynamic(device, gen):
