@@ -376,7 +376,9 @@ def dispatched_ops(fn) -> list[str]:
 def compiled_autograd_graphs(backward, fresh: bool = True) -> list:
     """Runs backward() (a backward pass) under Compiled Autograd, which traces it as one graph and compiles that with
     Dynamo (backend "eager"), and returns the FX graphs Dynamo compiled. fresh: Dynamo's and Compiled Autograd's
-    caches emptied first (else an earlier pass's graph serves where its cache key matches)."""
+    caches emptied first (else an earlier pass's graph serves where its cache key matches). Under a
+    TorchDispatchMode (dispatched_ops) Dynamo compiles nothing: the traced graph runs as traced, and none is
+    returned."""
     from torch._dynamo import compiled_autograd
 
     if fresh:

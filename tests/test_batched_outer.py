@@ -364,9 +364,9 @@ def test_backward_computes_only_the_gradients_asked_for(device, gen, which):
 @pytest.mark.parametrize("with_v", [True, False], ids=["v", "v_none"])
 def test_compiled_autograd_of_an_eager_call(device, gen, with_v, dtype):
     """Compiled Autograd (the backward pass traced as one graph) over an op called eagerly: the C++ node hands it a
-    function of the gradients (apply_with_saved), whose call is in the traced graph: the float64 gradients in the
-    inputs' dtype (v = None: u's gradient of both roles), and a pass that asks for u's gradient only computes it
-    alone (one product of the output's gradient with a vector)."""
+    function of the gradients (apply_with_saved), whose call is in the traced graph: the float64 gradients, within
+    the float32 sums' error and the rounding to the inputs' dtype (v = None: u's gradient of both roles), and a pass
+    that asks for u's gradient only computes it alone (one product of the output's gradient with a vector)."""
     u = random_tensor(gen, (4, 11), "normal", device).to(dtype).requires_grad_()
     v = random_tensor(gen, (4, 11), "normal", device).to(dtype).requires_grad_() if with_v else None
     grad_out = random_tensor(gen, (4, 11, 11), "normal", device)

@@ -4,6 +4,7 @@ as the accuracy baseline the op has to match.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -1227,22 +1228,27 @@ def test_compiled_autograd_of_a_compiled_forward(device, gen):
     grad_out = random_tensor(gen, (2, 9, 7), "normal", device)
     compiled = torch.compile(lambda a, b: (corrected_matmul(a, b) * grad_out).sum(), fullgraph=True, backend="aot_eager")
     loss = compiled(a, b)
-    compiled_autograd_graphs(loss.backward)
+    compiled_autograd_graphs(loss.backward, fresh=False)
     g64 = grad_out.double()
     assert rel_err(a.grad, g64 @ b.detach().double().t()) < 1e-5
     assert rel_err(b.grad, (a.detach().double().transpose(-1, -2) @ g64).sum(0)) < 1e-5
 
 
 @pytest.mark.parametrize("shapes", [((9, 40), (40, 7)), ((3, 5, 40), (40,)), ((40,), (2, 40, 7)),
-                                    ((2, 1, 9, 40), (3, 40, 7)), ((4, 9, 40), (40, 7))],
-                         ids=["matrices", "batch_at_vector", "vector_at_batch", "broadcast", "x_at_w"])
+                                    ((2, 1, 9, 40), (3, 40, 7)), ((4, 9, 40), (40, 7)), "hooks"],
+                         ids=["matrices", "batch_at_vector", "vector_at_batch", "broadcast", "x_at_w",
+                              "saved_tensor_hooks"])
 def test_compiled_autograd_of_an_eager_call(device, gen, shapes):
     """Compiled Autograd over an op called eagerly: the C++ node hands it a function of the gradients
     (apply_with_saved), whose call is in the traced graph: the float64 gradients (summed over broadcast batch
-    dimensions, 1-D operands promoted and squeezed as torch.matmul does), within float32's accuracy."""
+    dimensions, 1-D operands promoted and squeezed as torch.matmul does), within float32's accuracy; also with
+    the operands saved through saved-tensor hooks (offloaded to the CPU: unpacked in the graph)."""
+    hooks = shapes == "hooks"
+    shapes = ((2, 9, 40), (40, 7)) if hooks else shapes
     a = random_tensor(gen, shapes[0], "normal", device).requires_grad_()
     b = random_tensor(gen, shapes[1], "normal", device).requires_grad_()
-    out = corrected_matmul(a, b)
+    with torch.autograd.graph.save_on_cpu() if hooks else contextlib.nullcontext():
+        out = corrected_matmul(a, b)
     grad_out = random_tensor(gen, out.shape, "normal", device)
     graphs = compiled_autograd_graphs(lambda: out.backward(grad_out))
     assert any(name.startswith("CppNodeCorrectedMatmulBackward") for name in graph_calls(graphs)), graph_calls(graphs)
@@ -1254,8 +1260,9 @@ def test_compiled_autograd_of_an_eager_call(device, gen, shapes):
 
 def test_compiled_autograd_computes_only_the_gradients_asked_for(device, gen):
     """As test_backward_computes_only_the_gradients_asked_for, under Compiled Autograd: backward(inputs=[a]) runs
-    one product (grad_a's), a whole backward pass two; and a graph traced for one set of gradients does not serve
-    a pass that asks for another (its cache key holds which gradients are asked for)."""
+    one product (grad_a's), a whole backward pass two; and passes that ask for other gradients, the caches kept,
+    get those (the node packs which gradients are asked for as constants of the graph; another set of inputs is
+    another capture, so, as in PyTorch's own nodes, they are not in its cache key)."""
     a = random_tensor(gen, (5, 18), "normal", device).requires_grad_()
     b = random_tensor(gen, (18, 4), "normal", device).requires_grad_()
     grad_out = random_tensor(gen, (5, 4), "normal", device)

@@ -40,7 +40,8 @@ METHODS = ["auto", "fp16", "tf32"]
 def _one_large_test_at_a_time():
     """Holds a lock that every pytest process of this machine shares, so that the xdist workers run these tests one
     at a time, and releases the memory of earlier tests. Each needs most of the GPU's memory, and require_free's
-    check raced the other workers' allocations: under -n 8, two tests ran out of memory (session 117)."""
+    check raced the other workers' allocations: under -n 8, two tests ran out of memory (session 117). Other files'
+    GPU tests, which need far less, may still run beside them."""
     with open(os.path.join(tempfile.gettempdir(), "torch_wmmae_large_tests.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         gc.collect()

@@ -74,8 +74,6 @@ struct BatchedOuterBackward : public torch::autograd::Node {
 
   // Compiled Autograd (autograd_support.hpp, CompiledAutogradCall).
   void compiled_args(torch::autograd::CompiledNodeArgs& args) const override {
-    args.collect(task_should_compute_output(0));  // (which gradients are computed is fixed in the graph)
-    args.collect(!v_is_u_ && task_should_compute_output(1));
     args.collect(u_, /*is_output=*/false);
     args.collect(v_, /*is_output=*/false);
     args.collect(v_is_u_);

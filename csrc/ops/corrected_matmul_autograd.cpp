@@ -109,8 +109,6 @@ struct CorrectedMatmulBackward : public torch::autograd::Node {
 
   // Compiled Autograd (autograd_support.hpp, CompiledAutogradCall).
   void compiled_args(torch::autograd::CompiledNodeArgs& args) const override {
-    args.collect(task_should_compute_output(0));  // (which gradients are computed is fixed in the graph)
-    args.collect(task_should_compute_output(1));
     args.collect(a_, /*is_output=*/false);
     args.collect(b_, /*is_output=*/false);
     args.collect(context_.a_sizes);
