@@ -9,7 +9,8 @@ that its environment switches force, in one process (the switches are read at ev
 is common.loop_ms (calls back to back between one pair of CUDA events, the host kept ahead). Inputs are U(-1, 1) and
 rotate as in the main benchmark (common.inputs_for_rotation). Before timing, one call of each path is checked against
 a float64 product (worst_err_over_fp32: the largest ratio of a path's error to torch.matmul fp32's; the run fails
-past MAX_ERR_OVER_FP32) and its kernels are recorded (the JSON's `kernels`, by path: what the switches made it run).
+past MAX_ERR_OVER_FP32, after writing its results) and its kernels are recorded (the JSON's `kernels`, by path: what
+the switches made it run).
 Writes benchmarks/results/unaligned.json and .md (or --out).
 """
 from __future__ import annotations
@@ -95,8 +96,16 @@ def kernels_of(fn) -> list:
 
 
 def short_kernel_name(name: str) -> str:
-    """A kernel's name without its return type and parameter list: "void ns::k<1, true>(Args)" -> "ns::k<1, true>"."""
-    return name.removeprefix("void ").split("(")[0]
+    """A kernel's name without its return type and parameter list: "void ns::k<1, true>(Args)" -> "ns::k<1, true>".
+    The parameter list is the first "(" outside the template arguments (which may hold "(": lambdas, operator()),
+    right after the name ("Memset (Device)" is kept whole)."""
+    name = name.removeprefix("void ")
+    depth = 0
+    for i, c in enumerate(name):
+        depth += {"<": 1, ">": -1}.get(c, 0)
+        if c == "(" and depth == 0 and i > 0 and name[i - 1] != " ":
+            return name[:i]
+    return name
 
 
 def operand(shape, offset: int, gen: torch.Generator, transposed: bool = False) -> torch.Tensor:

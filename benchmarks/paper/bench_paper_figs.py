@@ -59,8 +59,8 @@ def main() -> None:
         del results
         # Interleaved (the same GPU state for both: a call's time moves by up to 10% between states, as much as
         # the speed-ups measured here), with the host ahead (the calls of batch 2^14 are shorter than the host's
-        # time to enqueue them), and each call writing another output block (the outputs of batch 2^14 and 2^15
-        # would fit in the L2).
+        # time to enqueue them), and each call writing another output block (the outputs of n = 16 at batch 2^14
+        # and 2^15, 16 and 32 MiB, would fit in the L2).
         out_bytes = batch * n * n * 4
         t_wmma, t_ext = interleaved_median_ms(
             [holding_results(lambda: outer(v, False, identity, alpha), out_bytes, l2),
