@@ -15,7 +15,7 @@ import argparse
 import torch
 
 import torch_wmmae
-from common import header, loop_ms, median_ms, rotating_operands, write_results
+from common import header, loop_ms, median_ms, rotating_operands, tf32_matmul, write_results
 
 # (batch, m, n, k): small calls, where a launch gap is a large part of the call, up to a mid-size square,
 # the batched shapes of the main benchmark and the notes, and single and batched products with a short K (128, 64
@@ -45,9 +45,7 @@ def main() -> None:
         a, b = rotating_operands(m, n, k, batch, l2)
         sets = len(a)
         fp32_us = 1000 * loop_ms(lambda i: torch.matmul(a[i], b[i]), sets, args.calls)
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32: faster than fp32, less accurate (10 mantissa bits)
-        tf32_us = 1000 * loop_ms(lambda i: torch.matmul(a[i], b[i]), sets, args.calls)
-        torch.backends.cuda.matmul.allow_tf32 = False
+        tf32_us = 1000 * loop_ms(lambda i: tf32_matmul(a[i], b[i]), sets, args.calls)
         for method in ("auto", "fp16"):
             call = lambda i: torch_wmmae.corrected_matmul(a[i], b[i], method=method)
             loop_us = 1000 * loop_ms(call, sets, args.calls)

@@ -23,7 +23,7 @@ import time
 import torch
 
 import torch_wmmae
-from common import header, inputs_for_rotation, require_out_for_partial_runs, write_results
+from common import header, inputs_for_rotation, require_out_for_partial_runs, tf32_matmul, write_results
 
 WINDOW_S = 0.1
 POWER_CAP_REASON = 0x4  # nvidia-smi clocks_throttle_reasons: software power cap
@@ -56,15 +56,6 @@ def held_rate(fn, sets: list, flop: float, seconds: float) -> list:
         stop.synchronize()
         windows.append((t0, time.time(), flop * calls / start.elapsed_time(stop) / 1e9))
     return windows
-
-
-def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """torch.matmul with TF32 allowed for this call only (faster than fp32, 10 mantissa bits)."""
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        return torch.matmul(a, b)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def smi_samples(path: str) -> list:

@@ -136,6 +136,16 @@ def interleaved_median_ms(fns: Sequence[Callable[[], object]], warmup: int = 3, 
     return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in events]
 
 
+def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.matmul with TF32 allowed for this call only (faster than fp32, 10 mantissa bits): the TF32 baseline of
+    scripts that otherwise keep it off."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return torch.matmul(a, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def holding_results(fn: Callable[[], object], bytes_per_result: int, l2_bytes: int) -> Callable[[], None]:
     """fn, with its last results kept alive (inputs_for_rotation of them), so that the caching allocator gives each
     call another output block: a function that allocates its output gets back the block its previous call freed, and

@@ -1,6 +1,7 @@
 """The benchmark tools that need no GPU: the sweep figures that README and NOTES quote
 (benchmarks/paper/plot_seed_sweep.dips on made-up curves whose dips are known), bench_sustained's nvidia-smi
-reader, the output rotation of the interleaved timings, the paper table, the short sums' error measurement, and the CUDA microbenchmarks' builds."""
+reader, the output rotation of the interleaved timings, the paper table, the short sums' error measurement, and the
+CUDA microbenchmarks' builds."""
 from __future__ import annotations
 
 import json
