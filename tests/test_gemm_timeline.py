@@ -46,7 +46,10 @@ def test_stamp_sources_applies_to_the_current_sources(tmp_path):
     fallback = (tmp_path / "csrc/ops/float32_fallback.cuh").read_text()
     assert fallback.count(f"timeline_kernel({timeline.FALLBACK_BASE}, 3,") == 2  # both of its returns
     host = (tmp_path / "csrc/ops/corrected_matmul_cuda.cu").read_text()
-    assert "WMMAE_TIMELINE_PTR" in host
+    # every translation unit whose kernels stamp takes the buffer: the host side's and the tile GEMMs'
+    assert "WMMAE_TIMELINE_PTR" in gemm
+    assert "sm90::timeline_take_buffer();" in host
+    assert "sm90::timeline_take_buffer();" in (tmp_path / "csrc/ops/corrected_gemm_launch.cuh").read_text()
     # the switch leaves out auto's exit kernels only: the tf32 method still runs its GEMM
     assert ("if (method == Method::tf32 ||\n"
             "      (method == Method::automatic && std::getenv(\"WMMAE_TIMELINE_SKIP_EXIT\") == nullptr)) {\n"

@@ -6,17 +6,16 @@
 #   SMALL_GEMM_CUBIN=/tmp/small.cubin bash tools/small_gemm_ptxas.sh    # also keep the cubin, e.g. for
 #       python tools/sass_report.py /tmp/small.cubin   (local memory in the products' loops, without a build)
 # Needs torch (its headers) and nvcc ($CUDA_HOME or /usr/local/cuda). The translation unit, in a temporary folder
-# (not in csrc, where a build would pick it up), is corrected_matmul_cuda.cu up to its include of
-# corrected_gemm_small.cuh, plus explicit instantiations; nvcc's flags are the build's that matter to ptxas (torch
-# builds extensions with --expt-relaxed-constexpr).
+# (not in csrc, where a build would pick it up), is the header corrected_gemm_small.cuh plus explicit
+# instantiations; nvcc's flags are the build's that matter to ptxas (torch builds extensions with
+# --expt-relaxed-constexpr).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 src="$tmp/small_gemm.cu"
-line=$(grep -n '#include "corrected_gemm_small.cuh"' csrc/ops/corrected_matmul_cuda.cu | cut -d: -f1)
-head -n "$line" csrc/ops/corrected_matmul_cuda.cu > "$src"
+echo '#include "corrected_gemm_small.cuh"' > "$src"
 {
   echo "namespace wmmae_ops {"
   if [ $# -gt 0 ]; then

@@ -1,5 +1,5 @@
-// The fp16 corrected GEMM on Hopper (sm_90a), included by corrected_matmul_cuda.cu (which defines GemmArgs,
-// the tile helpers and the cp.async stage loader). Same numerical scheme as the WMMA kernel
+// The fp16 corrected GEMM on Hopper (sm_90a), built on corrected_gemm_common.cuh (GemmArgs, the tile helpers and
+// the cp.async stage loader). Same numerical scheme as the WMMA kernel
 // (corrected_gemm_wmma.cuh), on wgmma:
 //
 // - 128x128 output tiles, two warpgroups of 64x128, 4-stage ring of fp32 tiles (k extent 32), filled by TMA
@@ -30,6 +30,8 @@
 
 #include <type_traits>
 
+#include "corrected_gemm_common.cuh"
+#include "magnitude_keys.cuh"
 #include "sm90_tma.cuh"
 #include "wgmma_sm90.cuh"
 

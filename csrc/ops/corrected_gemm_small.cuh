@@ -18,8 +18,11 @@
 //   range, and Inf and NaN as float32 gives them.
 // Every output is a sum over k alone, in the same order whatever the tile: the tile sizes give the same bits (but for
 // auto's tiles that take float32 FMAs, whose extent depends on the tile).
-// Included by corrected_matmul_cuda.cu after GemmArgs and the helpers it shares with the other GEMMs.
+// Built on corrected_gemm_common.cuh (GemmArgs and the helpers it shares with the other GEMMs).
 #pragma once
+
+#include "corrected_gemm_common.cuh"
+#include "magnitude_keys.cuh"
 
 namespace wmmae_ops {
 

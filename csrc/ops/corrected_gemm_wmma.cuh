@@ -1,11 +1,13 @@
 // The portable corrected GEMM (WMMA, sm_80 and newer): the GEMM of builds and GPUs without the wgmma kernel
 // (corrected_gemm_sm90.cuh), and of TORCH_WMMAE_PORTABLE_GEMM=1. 128x128 output tiles, 8 warps of 64x32, fp32
 // stages by cp.async, split into hi/lo tiles in shared memory (split_stage) once per element and block; the
-// scheme is the one corrected_matmul_cuda.cu's header describes. Included by corrected_matmul_cuda.cu after
-// GemmArgs, the tile helpers (BlockWork, load_line_scales, chunk_result, ...) and the cp.async stage loader.
+// scheme is the one corrected_matmul_cuda.cu's header describes. Built on corrected_gemm_common.cuh (GemmArgs,
+// the tile helpers: BlockWork, load_line_scales, chunk_result, ...; the cp.async stage loader).
 #pragma once
 
 #include <type_traits>
+
+#include "corrected_gemm_common.cuh"
 
 namespace wmmae_ops {
 

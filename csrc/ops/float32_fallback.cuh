@@ -6,9 +6,11 @@
 // tiles are rare (a row holding magnitudes 2^150 apart, or outputs far smaller than their rows' and columns'
 // largest elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 32 k of A and
 // B through shared memory by cp.async, in four stages. A kernel of its own: inlined into the tf32 GEMMs (as a
-// call too), its registers made ptxas spill in their stage loops. Included by corrected_matmul_cuda.cu after
-// GemmArgs, the tile helpers and the cp.async helpers.
+// call too), its registers made ptxas spill in their stage loops. Built on
+// corrected_gemm_common.cuh (GemmArgs, the tile helpers and the cp.async helpers).
 #pragma once
+
+#include "corrected_gemm_common.cuh"
 
 namespace wmmae_ops {
 

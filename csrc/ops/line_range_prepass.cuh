@@ -4,12 +4,14 @@
 // per call (launch_prepass; none where the resident pre-pass or the GEMM's tiles find the ranges). The line
 // folds (MagnitudeKeys, contiguous_line_ranges, ...) also serve the pre-pass that runs beside the GEMM in batched
 // calls (resident_prepass_sm90.cuh) and the GEMM's tiles that fold their own lines (corrected_gemm_sm90.cuh).
-// Included by corrected_matmul_cuda.cu after RangeArrays, BatchStrides and the launch helpers (launch_kernel,
-// allow_dependent_grid).
+// Built on corrected_gemm_common.cuh (RangeArrays, BatchStrides, launch_kernel, allow_dependent_grid).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+
+#include "corrected_gemm_common.cuh"
+#include "magnitude_keys.cuh"
 
 namespace wmmae_ops {
 
@@ -28,39 +30,6 @@ struct LinesArgs {
 constexpr int kPrepassThreads = 256;
 constexpr int kChunk = 64;     // elements of one line reduced by one thread (strided lines)
 constexpr int kLoadBatch = 8;  // loads a thread has in flight before it looks at their values
-
-// The pre-pass's fold of a run of elements: the same result as MagnitudeBits where the run holds no Inf or
-// NaN, in about 2.5 instructions per element instead of 8 (a shift, a fused add-and-min, half of a
-// three-input max). Twice a float's bits is twice its magnitude with the sign shifted out; the unsigned max
-// of that gives the largest magnitude, and the min of that minus one the smallest non-zero one (a zero's key
-// wraps to the top). Inf and NaN have the largest keys, so exact() says whether the max is finite; where it
-// is not (a line that holds one), the caller folds the same elements again with MagnitudeBits, which leaves
-// them out.
-struct MagnitudeKeys {
-  std::uint32_t twice_max;
-  std::uint32_t twice_min_less_one;
-
-  __device__ static MagnitudeKeys none() { return MagnitudeKeys{0u, 0xffffffffu}; }
-  __device__ void include(float v) {
-    const std::uint32_t u = __float_as_uint(v);
-    twice_max = max(twice_max, u + u);
-    twice_min_less_one = min(twice_min_less_one, u + u - 1u);
-  }
-  __device__ void include(const MagnitudeKeys& o) {
-    twice_max = max(twice_max, o.twice_max);
-    twice_min_less_one = min(twice_min_less_one, o.twice_min_less_one);
-  }
-  // The keys of lane (this lane ^ lane_mask), which the whole warp calls together.
-  __device__ MagnitudeKeys of_lane_xor(int lane_mask) const {
-    return MagnitudeKeys{__shfl_xor_sync(0xffffffffu, twice_max, lane_mask),
-                         __shfl_xor_sync(0xffffffffu, twice_min_less_one, lane_mask)};
-  }
-  __device__ bool exact() const { return twice_max < 0xff000000u; }  // 2 * 0x7f800000: no Inf or NaN
-  __device__ MagnitudeBits bits() const {  // where exact()
-    return MagnitudeBits{twice_max >> 1,
-                         twice_min_less_one == 0xffffffffu ? 0xffffffffu : (twice_min_less_one + 1u) >> 1, false};
-  }
-};
 
 // Folds the elements first, first + step, ... (< end) of p into r (MagnitudeKeys or MagnitudeBits),
 // kLoadBatch loads at a time: the loop carries only r, so without the batching each load's latency would be

@@ -1,6 +1,6 @@
 // The exponent pre-pass beside the wgmma GEMM (sm_90a), for batched calls whose operands TMA reads in place;
-// included by corrected_matmul_cuda.cu after line_range_prepass.cuh (LinesArgs, MagnitudeKeys,
-// exact_magnitudes, batch_base) and corrected_gemm_sm90.cuh (TmaMaps, StageTile).
+// built on line_range_prepass.cuh (LinesArgs, MagnitudeKeys, exact_magnitudes, batch_base) and
+// corrected_gemm_sm90.cuh (TmaMaps, StageTile).
 //
 // The grid pre-pass must end before the GEMM's first tile starts: its blocks fill every SM, and the GEMM's
 // take a whole SM each. Here the pre-pass is one block of four warps per SM that fits beside a GEMM block
@@ -22,6 +22,9 @@
 // folds 32 of the lines. Each stage of an item comes by TMA with the GEMM's own maps and boxes (StageTile's
 // layout), so the block reads the same 16 KB stage tiles that the GEMM does.
 #pragma once
+
+#include "corrected_gemm_sm90.cuh"
+#include "line_range_prepass.cuh"
 
 namespace wmmae_ops {
 namespace sm90 {

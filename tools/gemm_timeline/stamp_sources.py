@@ -41,8 +41,17 @@ assert 2 + PIECE_STAMPS * MAX_PIECES <= END_WORD, "the pieces' stamps fit before
 _HELPERS = f"""namespace wmmae_ops {{
 namespace sm90 {{
 
-// Timeline build (tools/gemm_timeline/stamp_sources.py): see that script for the buffer's layout.
-__device__ unsigned long long* g_timeline = nullptr;
+// Timeline build (tools/gemm_timeline/stamp_sources.py): see that script for the buffer's layout. Each translation
+// unit has its own copy of the pointer (its kernels' module), which its host code sets: timeline_take_buffer.
+static __device__ unsigned long long* g_timeline = nullptr;
+static void timeline_take_buffer() {{  // once per process and unit, from WMMAE_TIMELINE_PTR
+  static bool taken = false;
+  const char* address = std::getenv("WMMAE_TIMELINE_PTR");
+  if (taken || address == nullptr) return;
+  auto* buffer = reinterpret_cast<unsigned long long*>(std::strtoull(address, nullptr, 10));
+  C10_CUDA_CHECK(cudaMemcpyToSymbol(g_timeline, &buffer, sizeof(buffer)));
+  taken = true;
+}}
 __device__ __forceinline__ unsigned long long timeline_now() {{
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -73,6 +82,7 @@ __device__ __forceinline__ void timeline_piece(int piece, int stamp) {{
 _GEMM = "csrc/ops/corrected_gemm_sm90.cuh"
 _FALLBACK = "csrc/ops/float32_fallback.cuh"
 _HOST = "csrc/ops/corrected_matmul_cuda.cu"
+_LAUNCH = "csrc/ops/corrected_gemm_launch.cuh"
 _PIECE = "if constexpr (!kTf32) timeline_piece(timeline_pieces - 1, {});\n"  # (the piece counter is past it)
 
 
@@ -118,16 +128,11 @@ EDITS = [
     (_FALLBACK,
      "    if (item >= items) return;\n",
      f"    if (item >= items) {{ sm90::timeline_kernel({FALLBACK_BASE}, 3, sm90::timeline_now()); return; }}\n"),
-    _after(_HOST, "  const int sm_count = props.multiProcessorCount;\n",
-           "  {  // timeline build: the stamps' buffer, once per process\n"
-           "    static bool timeline_set = false;\n"
-           "    const char* address = std::getenv(\"WMMAE_TIMELINE_PTR\");\n"
-           "    if (!timeline_set && address != nullptr) {\n"
-           "      auto* buffer = reinterpret_cast<unsigned long long*>(std::strtoull(address, nullptr, 10));\n"
-           "      C10_CUDA_CHECK(cudaMemcpyToSymbol(sm90::g_timeline, &buffer, sizeof(buffer)));\n"
-           "      timeline_set = true;\n"
-           "    }\n"
-           "  }\n"),
+    # The stamps' buffer, in each translation unit whose kernels stamp: the host side's (the fallback's check) and
+    # the tile GEMMs' (corrected_gemm_launch.cuh, compiled into the corrected_gemm_*.cu units).
+    _after(_HOST, "  const int sm_count = props.multiProcessorCount;\n", "  sm90::timeline_take_buffer();\n"),
+    _after(_LAUNCH, "void launch_gemm_variant(const GemmArgs& args, const GemmLaunch& launch) {\n",
+           "  sm90::timeline_take_buffer();\n"),
     (_HOST,
      "  if (method != Method::fp16) {\n",
      "  if (method == Method::tf32 ||\n"
