@@ -71,6 +71,16 @@ def cuda_arch_list(spec: str) -> tuple:
     return archs, extra_flags + ["-gencode=arch=compute_90,code=compute_90"]
 
 
+def nvcc_flags(archs: list, arch_flags: list) -> list:
+    """Our nvcc flags for cuda_arch_list's result, beside torch's own (which add the -gencode flags of the arch list
+    where arch_flags has none). tests/test_package.py compiles the CUDA sources with them."""
+    # No --use_fast_math: the error-corrected split relies on IEEE rounding of every operation.
+    flags = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA", *arch_flags]
+    if any(a.startswith("9.0a") for a in archs):
+        flags.append("-DWMMAE_HAS_SM90A")  # the host may launch the wgmma kernel on sm_90 devices
+    return flags
+
+
 def torch_release() -> str:
     """The release of the installed torch (2.11.0 for 2.11.0+cu130)."""
     import torch
@@ -104,11 +114,7 @@ def extension():
     archs, arch_flags = cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
     os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     cuda_sources = sorted(glob.glob(os.path.join(CSRC, "ops", "*.cu")))
-    # No --use_fast_math: the error-corrected split relies on IEEE rounding of every operation.
-    nvcc_flags = ["-O3", "-std=c++17", "-lineinfo", "-DWMMAE_WITH_CUDA", *arch_flags]
-    if any(a.startswith("9.0a") for a in archs):
-        nvcc_flags.append("-DWMMAE_HAS_SM90A")  # the host may launch the wgmma kernel on sm_90 devices
-    common["extra_compile_args"]["nvcc"] = nvcc_flags
+    common["extra_compile_args"]["nvcc"] = nvcc_flags(archs, arch_flags)
     common["extra_compile_args"]["cxx"] = cxx_flags + ["-DWMMAE_WITH_CUDA"]
     return cpp_extension.CUDAExtension("torch_wmmae._C", rel(cpp_sources + cuda_sources), **common)
 

@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import torch
 
 import torch_wmmae
 
-from conftest import REPO_ROOT, child_process_env, requires_cuda
+from conftest import NVCC, REPO_ROOT, child_process_env, requires_cuda
 
 SCHEMAS = {
     "corrected_matmul": 'wmmae::corrected_matmul(Tensor a, Tensor b, str method="auto") -> Tensor',
@@ -92,6 +93,58 @@ def test_cuda_arch_lists():
         assert got[spec] == [archs, flags], spec
     for spec in refused:
         assert isinstance(got[spec], str) and "must be compute capabilities" in got[spec], (spec, got[spec])
+
+
+def _reads_sm90a_switch(path: pathlib.Path, seen: set) -> bool:
+    """Whether path or a header it includes (of ours, by quotes) tests WMMAE_HAS_SM90A."""
+    seen.add(path)
+    text = path.read_text()
+    headers = (path.parent / name for name in re.findall(r'^#include "([^"]+)"', text, re.MULTILINE))
+    return "WMMAE_HAS_SM90A" in text or any(
+        _reads_sm90a_switch(h.resolve(), seen) for h in headers if h.resolve() not in seen)
+
+
+# The CUDA sources whose code depends on whether the build has sm_90a code.
+SM90A_DEPENDENT_SOURCES = sorted(p.name for p in (REPO_ROOT / "csrc" / "ops").glob("*.cu")
+                                 if _reads_sm90a_switch(p.resolve(), set()))
+
+
+@pytest.fixture(scope="module")
+def nvcc_command_without_sm_90a():
+    """nvcc's command line (all but the source) of a build for GPUs other than the H100/H200: TORCH_CUDA_ARCH_LIST
+    "8.0" (no 9.0: no sm_90a code, WMMAE_HAS_SM90A not defined), setup.py's flags and torch's, compute_80 PTX
+    (the device code compiled, ptxas left out: a few seconds less per unit)."""
+    from torch.utils import cpp_extension
+
+    script = textwrap.dedent("""
+        import json, runpy, sys
+        sys.argv = ["setup.py", "--version"]
+        setup = runpy.run_path("setup.py")
+        archs, arch_flags = setup["cuda_arch_list"]("8.0")
+        print(json.dumps([archs, setup["nvcc_flags"](archs, arch_flags)]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
+    assert proc.returncode == 0, proc.stderr
+    archs, flags = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert archs == ["8.0"] and "-DWMMAE_HAS_SM90A" not in flags
+    gencode = ["-gencode=arch=compute_80,code=compute_80"]
+    includes = [f"-I{path}" for path in cpp_extension.include_paths(device_type="cuda")]
+    includes += [f"-I{sysconfig.get_paths()['include']}", f"-I{REPO_ROOT / 'csrc'}"]
+    return [NVCC, "-cuda", *cpp_extension.COMMON_NVCC_FLAGS, *flags, *gencode, *includes]
+
+
+@pytest.mark.skipif(NVCC is None or torch.version.cuda is None, reason="needs nvcc and a CUDA build of torch")
+@pytest.mark.parametrize("source", SM90A_DEPENDENT_SOURCES)
+def test_cuda_sources_compile_without_sm_90a(nvcc_command_without_sm_90a, source):
+    """A build for GPUs other than the H100/H200 compiles: each CUDA source whose code depends on WMMAE_HAS_SM90A
+    through nvcc's front end (-cuda: the whole unit parsed, the host side generated; a fraction of a compile) with
+    that build's flags. (Before session 118 the host side of corrected_matmul used two of the sm_90a path's helpers
+    outside their #ifdef, and such a build stopped there; the builds that the tests run all have 9.0.)"""
+    assert "corrected_matmul_cuda.cu" in SM90A_DEPENDENT_SOURCES  # (the walk through the includes finds the switch)
+    command = nvcc_command_without_sm_90a + [str(REPO_ROOT / "csrc" / "ops" / source), "-o", os.devnull]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[:4000]  # (the first errors: the later ones follow from them)
 
 
 def _same_headers(include_dir: pathlib.Path) -> None:

@@ -601,7 +601,6 @@ void with_layouts(bool a_row_major, bool b_row_major, F&& f) {
   with_flags(a_row_major, b_row_major, std::forward<F>(f));
 }
 
-#ifdef WMMAE_HAS_SM90A
 // Whether the wgmma fp16 kernel reads the partial sums back in one batch (its kReadBack instantiation): wherever
 // a block sums more than one chunk of K into the output itself (no split-K): small outputs' chunks of 1024 (a
 // read-back every 32 stages) and large outputs' of 4096 (every 128). Element by element instead, each load
@@ -643,7 +642,6 @@ bool staged_flush_applies(const GemmArgs& args) {
          (!sm90_read_back(args) || accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall);
 }
 
-#endif
 
 }  // namespace
 }  // namespace wmmae_ops

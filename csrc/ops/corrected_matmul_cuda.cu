@@ -100,12 +100,13 @@ KernelChoice choose_kernels(const cudaDeviceProp& props) {
   return choice;
 }
 
-#ifdef WMMAE_HAS_SM90A
 // Which operands TMA can read in place: each in its own orientation, the inner dimension contiguous, a 16-byte
 // aligned start, line and batch stride, with a batch of at most one dimension.
 struct TmaReadable {
   bool a, b;
 };
+
+#ifdef WMMAE_HAS_SM90A
 
 // Whether an operand of `lines` lines (rows or columns, by its layout), batch strides `batch_strides`, may be read by
 // residue of them: every batch entry has its lines at the same residues of 16 bytes (one entry, or one batch dimension
