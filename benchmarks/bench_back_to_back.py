@@ -3,7 +3,7 @@
 bench_corrected_matmul.py puts a pair of CUDA events around every call, so no call there can overlap the one
 before it. Here `calls` calls run between one pair of events (common.loop_ms, the host kept ahead), so a
 call's first kernel may start while the previous call's last one ends (programmatic dependent launch; see
-allow_dependent_grid in csrc/ops/corrected_matmul_cuda.cu). Each row also has the per-call events' median
+allow_dependent_grid in csrc/ops/corrected_gemm_common.cuh). Each row also has the per-call events' median
 (common.median_ms) of the same calls. Inputs are U(-1, 1) and rotate as in the main benchmark
 (common.rotating_operands). Writes benchmarks/results/back_to_back.json and .md
 (or --out).

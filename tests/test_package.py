@@ -1,5 +1,5 @@
 """The package surface: exports, schemas, type annotations, the build flavour, the `python -m torch_wmmae` check,
-the import error of a library that does not load, the source distribution."""
+the import error of a library that does not load, the CUDA sources compiled without sm_90a, the source distribution."""
 from __future__ import annotations
 
 import inspect
@@ -140,11 +140,14 @@ def test_cuda_sources_compile_without_sm_90a(nvcc_command_without_sm_90a, source
     """A build for GPUs other than the H100/H200 compiles: each CUDA source whose code depends on WMMAE_HAS_SM90A
     through nvcc's front end (-cuda: the whole unit parsed, the host side generated; a fraction of a compile) with
     that build's flags. (Before session 118 the host side of corrected_matmul used two of the sm_90a path's helpers
-    outside their #ifdef, and such a build stopped there; the builds that the tests run all have 9.0.)"""
+    outside their #ifdef, and such a build stopped there; the builds that the tests run all have 9.0.) Nor does
+    it warn about our code."""
     assert "corrected_matmul_cuda.cu" in SM90A_DEPENDENT_SOURCES  # (the walk through the includes finds the switch)
     command = nvcc_command_without_sm_90a + [str(REPO_ROOT / "csrc" / "ops" / source), "-o", os.devnull]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[:4000]  # (the first errors: the later ones follow from them)
+    ours = [line for line in result.stderr.splitlines() if "warning" in line and "csrc/" in line]
+    assert not ours, "\n".join(ours)  # (e.g. sm_90a-only helpers left unused: #177-D)
 
 
 def _same_headers(include_dir: pathlib.Path) -> None:

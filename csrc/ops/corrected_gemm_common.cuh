@@ -612,7 +612,7 @@ void with_layouts(bool a_row_major, bool b_row_major, F&& f) {
 // 123.1 -> 126.9, 16384^3 117.2 -> 122.5. Not where a block has one chunk: the batched loads change the main
 // loop's code, which made such shapes 4-8% slower (4096^3, 2048^3, 64 x 512^3) when one kernel did both.
 // TORCH_WMMAE_READ_BACK=0 reads back element by element (the same arithmetic: the same bits).
-bool sm90_read_back(const GemmArgs& args) {
+inline bool sm90_read_back(const GemmArgs& args) {  // (inline: not every unit uses it)
   return !args.adds_into_output() && args.k > accumulation_chunk(args.m, args.n) &&
          env_switch("TORCH_WMMAE_READ_BACK") != Switch::kOff;
 }
@@ -637,7 +637,7 @@ bool sm90_read_back(const GemmArgs& args) {
 // 1-4% slower (H200, session 98, five alternating rounds: 2048^3 144.6 -> 149.8 us, 64 x 512^3 166.0 -> 169.3, 128 x
 // 8192 x 4096 110.4 -> 111.5). TORCH_WMMAE_STAGED_FLUSH=0 runs the plain instantiations (the same bits, where at
 // most two atomics add into an output).
-bool staged_flush_applies(const GemmArgs& args) {
+inline bool staged_flush_applies(const GemmArgs& args) {
   return args.n % 2 != 0 && env_switch("TORCH_WMMAE_STAGED_FLUSH") != Switch::kOff &&
          (!sm90_read_back(args) || accumulation_chunk(args.m, args.n) == kAccumulationChunkSmall);
 }

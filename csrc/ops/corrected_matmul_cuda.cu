@@ -355,7 +355,7 @@ void launch_gemm(const GemmArgs& args, const GemmGrid& plan, bool a_row_major, b
 // a copy of B does not change (session 99 stages it: staged_flush_applies). A batch of more than one dimension keeps
 // cp.async (TMA reads one), and so does a large operand that one line of output tiles reads (tma_copies_pay).
 // TORCH_WMMAE_TMA_COPIES=0 turns the copies off (the outputs are the same bits).
-bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {
+[[maybe_unused]] bool tma_copies_apply(const GemmArgs& args, const KernelChoice& kernels) {  // (sm_90a only)
   return kernels.sm90_tma && args.batch.ndim <= 1 && env_switch("TORCH_WMMAE_TMA_COPIES") != Switch::kOff;
 }
 
@@ -583,8 +583,8 @@ bool col_major_view(const at::Tensor& t) { return t.stride(-2) == 1 || t.size(-2
 
 // A copy of the operand view t ([*batch,] lines x inner where row_major, else transposed) in the same orientation,
 // each line padded to a multiple of 16 bytes in a fresh allocation (at least 16-byte aligned), so that TMA can read
-// it. Batch dimensions broadcast with stride 0 stay broadcasts of one copy.
-at::Tensor tma_readable_copy(const at::Tensor& t, bool row_major) {
+// it. Batch dimensions broadcast with stride 0 stay broadcasts of one copy. (sm_90a only)
+[[maybe_unused]] at::Tensor tma_readable_copy(const at::Tensor& t, bool row_major) {
   at::Tensor source = t;
   for (std::int64_t d = 0; d + 2 < t.dim(); ++d) {
     if (t.stride(d) == 0) source = source.narrow(d, 0, 1);
@@ -710,9 +710,11 @@ void run_corrected_gemm(MatmulPlan plan, const at::Tensor& out, std::int64_t fir
   sm90::TmaMaps gemm_tma_maps{};
   sm90::ResidueMaps gemm_a_residue_maps{};  // (where gemm_tma_maps.a_by_residue)
   sm90::ResidueMaps gemm_b_residue_maps{};  // (where gemm_tma_maps.b_by_residue)
-  std::optional<TmaReadable> tma_readable;  // (per operand: the copies below take those that TMA cannot read)
-  bool read_a_by_residue = false;           // (where the copies below would copy A: a_by_residue_applies)
-  bool read_b_by_residue = false;           // (where the copies below would copy B: b_by_residue_applies)
+  // (These three only where the build has sm_90a code.)
+  [[maybe_unused]] std::optional<TmaReadable> tma_readable;  // (per operand: the copies below take those that TMA
+                                                             // cannot read)
+  [[maybe_unused]] bool read_a_by_residue = false;  // (where the copies below would copy A: a_by_residue_applies)
+  [[maybe_unused]] bool read_b_by_residue = false;  // (where the copies below would copy B: b_by_residue_applies)
   const auto tma_reads = [&] {
 #ifdef WMMAE_HAS_SM90A
     if (!tma_readable) {

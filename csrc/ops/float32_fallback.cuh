@@ -7,7 +7,8 @@
 // largest elements allow), so the recomputation is plain: 128 threads, 4x8 outputs each, slabs of 32 k of A and
 // B through shared memory by cp.async, in four stages. A kernel of its own: inlined into the tf32 GEMMs (as a
 // call too), its registers made ptxas spill in their stage loops. Built on
-// corrected_gemm_common.cuh (GemmArgs, the tile helpers and the cp.async helpers).
+// corrected_gemm_common.cuh (GemmArgs, the tile helpers and the cp.async helpers). Its kernel is not a template:
+// one translation unit includes this header (corrected_matmul_cuda.cu).
 #pragma once
 
 #include "corrected_gemm_common.cuh"

@@ -4,7 +4,8 @@
 // per call (launch_prepass; none where the resident pre-pass or the GEMM's tiles find the ranges). The line
 // folds (MagnitudeKeys, contiguous_line_ranges, ...) also serve the pre-pass that runs beside the GEMM in batched
 // calls (resident_prepass_sm90.cuh) and the GEMM's tiles that fold their own lines (corrected_gemm_sm90.cuh).
-// Built on corrected_gemm_common.cuh (RangeArrays, BatchStrides, launch_kernel, allow_dependent_grid).
+// Built on corrected_gemm_common.cuh (RangeArrays, BatchStrides, launch_kernel, allow_dependent_grid). Its kernels
+// are not templates: one translation unit includes this header (corrected_matmul_cuda.cu).
 #pragma once
 
 #include <algorithm>

@@ -277,7 +277,7 @@ std::int64_t stream_k_gap(std::int64_t tiles, std::int64_t k_stages, std::int64_
 // chunk (3% slower; benchmarks/NOTES.md).
 //
 // A grid block that sums several chunks of K into a small output without split-K reads its tile's partial sums
-// back at each chunk's end (sm90_read_back in corrected_matmul_cuda.cu), where stream-K's atomics do not wait:
+// back at each chunk's end (sm90_read_back in corrected_gemm_common.cuh), where stream-K's atomics do not wait:
 // the rule counts kReadBackStages k-stages for each. H200, the same build, grid -> stream-K, 128 x N x 4096
 // (four chunks per block): N = 16192-16896 (127-132 tiles, one wave; at 132 tiles the same stages per block)
 // 8-10% faster, N = 32704 (two waves) 9% faster; N = 33792 (chunks of 4096: nothing to read back) 1.5% slower.

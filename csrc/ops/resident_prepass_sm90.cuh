@@ -1,5 +1,5 @@
 // The exponent pre-pass beside the wgmma GEMM (sm_90a), for batched calls whose operands TMA reads in place;
-// built on line_range_prepass.cuh (LinesArgs, MagnitudeKeys, exact_magnitudes, batch_base) and
+// built on line_range_prepass.cuh (LinesArgs, exact_magnitudes, batch_base), magnitude_keys.cuh (MagnitudeKeys) and
 // corrected_gemm_sm90.cuh (TmaMaps, StageTile).
 //
 // The grid pre-pass must end before the GEMM's first tile starts: its blocks fill every SM, and the GEMM's
