@@ -69,26 +69,29 @@ ARCH_LISTS = {
 }
 
 
+def _from_setup_py(code: str, stdin: str = ""):
+    """What `code` prints as JSON (its last line), run in a child process with setup.py's functions in `setup` (the
+    script read with --version, CPU-only: it builds nothing) and json and sys imported."""
+    prologue = "import json, runpy, sys\nsys.argv = ['setup.py', '--version']\nsetup = runpy.run_path('setup.py')\n"
+    proc = subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(code)], cwd=REPO_ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_cuda_arch_lists():
     """setup.py's reading of TORCH_CUDA_ARCH_LIST: 9.0 becomes 9.0a (the wgmma kernels), 9.0+PTX keeps PTX that
     newer GPUs can run, an empty value is the default, and a named architecture or "native" is refused with a
     message (torch would expand it after the 9.0a rewrite, and an H100 would run the portable kernels)."""
-    script = textwrap.dedent("""
-        import json, runpy, sys
-        sys.argv = ["setup.py", "--version"]
-        cuda_arch_list = runpy.run_path("setup.py")["cuda_arch_list"]
+    refused = ("Hopper", "native", "9", "8.0;Ampere")
+    got = _from_setup_py("""
         def read(spec):
             try:
-                return cuda_arch_list(spec)
+                return setup["cuda_arch_list"](spec)
             except SystemExit as refusal:
                 return str(refusal)
         print(json.dumps({spec: read(spec) for spec in json.loads(sys.stdin.read())}))
-    """)
-    refused = ("Hopper", "native", "9", "8.0;Ampere")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, input=json.dumps([*ARCH_LISTS, *refused]),
-                          capture_output=True, text=True, timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    """, stdin=json.dumps([*ARCH_LISTS, *refused]))
     for spec, (archs, flags) in ARCH_LISTS.items():
         assert got[spec] == [archs, flags], spec
     for spec in refused:
@@ -116,17 +119,10 @@ def nvcc_command_without_sm_90a():
     (the device code compiled, ptxas left out: a few seconds less per unit)."""
     from torch.utils import cpp_extension
 
-    script = textwrap.dedent("""
-        import json, runpy, sys
-        sys.argv = ["setup.py", "--version"]
-        setup = runpy.run_path("setup.py")
+    archs, flags = _from_setup_py("""
         archs, arch_flags = setup["cuda_arch_list"]("8.0")
         print(json.dumps([archs, setup["nvcc_flags"](archs, arch_flags)]))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
-    assert proc.returncode == 0, proc.stderr
-    archs, flags = json.loads(proc.stdout.strip().splitlines()[-1])
     assert archs == ["8.0"] and "-DWMMAE_HAS_SM90A" not in flags
     gencode = ["-gencode=arch=compute_80,code=compute_80"]
     includes = [f"-I{path}" for path in cpp_extension.include_paths(device_type="cuda")]
