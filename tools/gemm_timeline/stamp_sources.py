@@ -6,7 +6,8 @@ run it on a scratch copy of the tree (such as the device's), build, measure, and
     python tools/gemm_timeline/stamp_sources.py ROOT --edit-sources-in-place
 
 The buffer (int64, STAMP_WORDS words) is found by each translation unit whose kernels stamp, at its first use in the
-process, from the device address in WMMAE_TIMELINE_PTR. Its layout (the constants below; blocks past MAX_BLOCKS write nothing):
+process, from the device address in WMMAE_TIMELINE_PTR. Its layout (the constants below; blocks past MAX_BLOCKS
+write nothing):
 - the fp16 GEMM, GEMM_STRIDE words per block from 0: %smid, start, then PIECE_STAMPS per piece p < MAX_PIECES
   (the block's p-th piece of work, a batch entry's tile; a piece of several chunks stamps its last) at
   2 + PIECE_STAMPS p: its top, then the ends of its wait for the grid before it (or for the resident pre-pass),
