@@ -89,7 +89,10 @@ def torch_release() -> str:
 
 
 def want_cuda() -> bool:
-    if os.environ.get("TORCH_WMMAE_CPU_ONLY", "0") == "1":
+    cpu_only = os.environ.get("TORCH_WMMAE_CPU_ONLY", "")
+    if cpu_only not in ("", "0", "1"):  # ("true" would otherwise build the CUDA sources, silently)
+        sys.exit(f"torch_wmmae: TORCH_WMMAE_CPU_ONLY must be 1 (skip the CUDA sources) or 0, got {cpu_only!r}")
+    if cpu_only == "1":
         return False
     import torch
 

@@ -98,6 +98,26 @@ def test_cuda_arch_lists():
         assert isinstance(got[spec], str) and "must be compute capabilities" in got[spec], (spec, got[spec])
 
 
+def test_cpu_only_switch_takes_0_or_1():
+    """TORCH_WMMAE_CPU_ONLY=1 skips the CUDA sources, 0 or unset builds them where torch and nvcc can; another value
+    (such as "true") is refused with a message rather than read as 0."""
+    refused = ("true", "yes", "2", " 1")
+    got = _from_setup_py("""
+        import os
+        def read(value):
+            os.environ["TORCH_WMMAE_CPU_ONLY"] = value
+            try:
+                return setup["want_cuda"]()
+            except SystemExit as refusal:
+                return str(refusal)
+        print(json.dumps({value: read(value) for value in json.loads(sys.stdin.read())}))
+    """, stdin=json.dumps(["1", "0", "", *refused]))
+    assert got["1"] is False
+    assert isinstance(got["0"], bool) and got["0"] == got[""]
+    for value in refused:
+        assert isinstance(got[value], str) and "must be 1" in got[value] and repr(value) in got[value], (value, got)
+
+
 def _reads_sm90a_switch(path: pathlib.Path, seen: set) -> bool:
     """Whether path or a header it includes (of ours, by quotes) tests WMMAE_HAS_SM90A."""
     seen.add(path)
