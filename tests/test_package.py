@@ -71,8 +71,18 @@ ARCH_LISTS = {
 
 def _from_setup_py(code: str, stdin: str = ""):
     """What `code` prints as JSON (its last line), run in a child process with setup.py's functions in `setup` (the
-    script read with --version, CPU-only: it builds nothing) and json and sys imported."""
-    prologue = "import json, runpy, sys\nsys.argv = ['setup.py', '--version']\nsetup = runpy.run_path('setup.py')\n"
+    script read with --version, CPU-only: it builds nothing), json and sys imported, and `or_refusal(fn, *args)`:
+    fn's result, or the message of setup.py's refusal (its sys.exit)."""
+    prologue = textwrap.dedent("""
+        import json, runpy, sys
+        sys.argv = ["setup.py", "--version"]
+        setup = runpy.run_path("setup.py")
+        def or_refusal(fn, *args):
+            try:
+                return fn(*args)
+            except SystemExit as refusal:
+                return str(refusal)
+    """)
     proc = subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(code)], cwd=REPO_ROOT, input=stdin,
                           capture_output=True, text=True, timeout=120, env=child_process_env(TORCH_WMMAE_CPU_ONLY="1"))
     assert proc.returncode == 0, proc.stderr
@@ -85,12 +95,7 @@ def test_cuda_arch_lists():
     message (torch would expand it after the 9.0a rewrite, and an H100 would run the portable kernels)."""
     refused = ("Hopper", "native", "9", "8.0;Ampere")
     got = _from_setup_py("""
-        def read(spec):
-            try:
-                return setup["cuda_arch_list"](spec)
-            except SystemExit as refusal:
-                return str(refusal)
-        print(json.dumps({spec: read(spec) for spec in json.loads(sys.stdin.read())}))
+        print(json.dumps({spec: or_refusal(setup["cuda_arch_list"], spec) for spec in json.loads(sys.stdin.read())}))
     """, stdin=json.dumps([*ARCH_LISTS, *refused]))
     for spec, (archs, flags) in ARCH_LISTS.items():
         assert got[spec] == [archs, flags], spec
@@ -106,10 +111,7 @@ def test_cpu_only_switch_takes_0_or_1():
         import os
         def read(value):
             os.environ["TORCH_WMMAE_CPU_ONLY"] = value
-            try:
-                return setup["want_cuda"]()
-            except SystemExit as refusal:
-                return str(refusal)
+            return or_refusal(setup["want_cuda"])
         print(json.dumps({value: read(value) for value in json.loads(sys.stdin.read())}))
     """, stdin=json.dumps(["1", "0", "", *refused]))
     assert got["1"] is False
