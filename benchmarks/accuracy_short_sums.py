@@ -4,7 +4,9 @@ Over long sums the rounding of the sum dominates and corrected_matmul is more ac
 float32 (bench_corrected_matmul.py's rel_err columns). Over a few terms each product's split error (a few units
 of u = 2^-24) is larger than float32's one rounding. This script measures both on N(0, 1) inputs: the largest
 and the mean error of an output relative to sum_k |a_ik| |b_kj|, in units of u, against a float64 reference.
-Shapes: many independent 1 x K x 1 products for short K, 256 x K x 256 outputs from K = 32 on.
+Shapes: many independent 1 x K x 1 products for short K, 256 x K x 256 outputs from K = 32 on. The 1 x K x 1
+products run on the split GEMMs (TORCH_WMMAE_MATRIX_VECTOR=0): calls of one output row or column otherwise sum in
+float64 (README: "Matrix-vector products"), which rounds once, as float32's single product does.
 
 It runs on the CPU (the op's CPU kernel, which follows the GPU's arithmetic; torch.matmul is MKL's sgemm there)
 and, with a GPU, on CUDA with the same inputs (torch.matmul in float32 with TF32 off), and records how far
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 
 import torch
 
@@ -24,6 +27,7 @@ import torch_wmmae
 from common import write_results
 
 U = 2.0 ** -24
+os.environ["TORCH_WMMAE_MATRIX_VECTOR"] = "0"  # the split's own error, which is what this measures (see above)
 SHAPES = [(1, 1), (1, 8), (1, 32), (256, 32), (256, 256)]  # (M = N, K)
 CHUNK_OUTPUTS = 1 << 18  # outputs per call: bounds the memory of the 1 x K x 1 batches
 

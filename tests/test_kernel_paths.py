@@ -57,6 +57,14 @@ def _batch_kept(monkeypatch):
     monkeypatch.setenv(FOLD_SWITCH, "0")
 
 
+@pytest.fixture(autouse=True)
+def _gemms_for_vectors_too(monkeypatch):
+    """The GEMMs' paths also for the cases of one output row or column, which exercise their edges (a partial tile
+    of width 1, A's lines by residue with M = 1, ...): such calls otherwise take the matrix-vector path
+    (test_matrix_vector.py)."""
+    monkeypatch.setenv("TORCH_WMMAE_MATRIX_VECTOR", "0")
+
+
 @pytest.fixture(params=GEMM_TARGETS)
 def gemm_device(request, monkeypatch) -> str:
     """The device of a corrected_matmul call, with the GEMM kernel family selected."""

@@ -15,6 +15,7 @@
 // the split keeps (tf32_spans_fit) is checked by quadrants (kFallbackQuadrant x kFallbackQuadrant outputs): a
 // quadrant with an output at risk (split_output_at_risk) is computed again with float32 fused multiply-adds,
 // chunked the same way.
+// Matrix-vector products (M = 1 or N = 1) take no split: matrix_vector.hpp says how they are summed.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -25,6 +26,7 @@
 
 #include "corrected_matmul_scheme.hpp"
 #include "matmul_plan.hpp"
+#include "matrix_vector.hpp"
 
 namespace wmmae_ops {
 namespace {
@@ -240,6 +242,10 @@ at::Tensor corrected_matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::s
   fold_batch_into_rows(plan, /*sm_count=*/0, /*l2_bytes=*/0);
   at::Tensor out = at::empty({plan.batch, plan.m, plan.n}, a.options());
   if (out.numel() == 0) return out.view(plan.out_shape);
+  if (matrix_vector_applies(plan)) {  // (as on CUDA: float64 sums in their fixed order, every method)
+    matrix_vector_cpu(plan, out.data_ptr<float>());
+    return out.view(plan.out_shape);
+  }
   // Each entry's matrices read in place at the plan's batch offsets (a reshape of a broadcast operand would copy
   // it to the batch's size); an operand whose offset repeats the previous entry's (a broadcast b) is split once.
   const at::Tensor& pa = plan.a;

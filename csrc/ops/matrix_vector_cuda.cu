@@ -1,0 +1,176 @@
+// The CUDA kernels of corrected_matmul's matrix-vector path (matrix_vector.hpp). A block of 8 warps takes one
+// segment of K (kMatVecSegmentK) of a tile of kTileLines lines, kLinesPerWarp per warp; lane r of a warp sums its
+// lines' k = r (mod 32), in order, then a butterfly of xor shuffles combines the lanes. The segment's vector
+// elements are staged in shared memory as doubles, since every line reads them. The lines' elements are read
+// - straight from global memory where their k are contiguous (a row-major A of N = 1, a column-major B of M = 1,
+//   as the W.t() of x @ W.t()) or the matrix is one line: a warp's loads are then consecutive k;
+// - otherwise (lines contiguous, or neither) through shared memory: the block copies the tile with loads along
+//   its lines, which are then the consecutive ones, and its warps sum it as above.
+// Where K has more than one segment, the segments' sums go to a float64 workspace ([output][segment]: 8 bytes per
+// KiB of the matrix) and a second kernel, a warp per output, combines them in groups of 32 and adds the groups in
+// order; otherwise the block writes the output.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "matrix_vector.hpp"
+
+namespace wmmae_ops {
+namespace {
+
+constexpr int kWarpSize = 32;
+static_assert(kMatVecLanes == kWarpSize && kMatVecGroupSegments == kWarpSize, "a lane of a warp per lane sum");
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+// A staged tile is 32 lines (a warp's copies: 32 consecutive lines of one k), 4 per warp. Read directly, 2 lines per
+// warp: H100, session 123, us per call (torch.matmul float32), 1, 2, 4 lines: 1 x 4096 x 4096 (B column-major) 40.3,
+// 31.2, 32.0 (30.8); 16384 x 1 x 4096 134, 99.4, 98.4 (98); 1000 x 1 x 4096 16.8, 14.9, 15.4 (10.7); 1 x 1000 x
+// 65536 (B column-major) 141, 103, 101 (109). (With the matrix's loads after the vector's copy instead: a line per
+// warp, 48 registers, 1.7-2.0 TB/s; 4 lines, 113 registers, 1.0-1.2.)
+constexpr int kStagedLinesPerWarp = kWarpSize / kWarps;
+constexpr int kDirectLinesPerWarp = 2;
+// The staged tile, [line][k], a line padded by one float: a warp's copies (32 lines of one k) and its reads (one
+// line's 32 consecutive k) each meet every bank once.
+constexpr int kStagedLineFloats = kMatVecSegmentK + 1;
+constexpr int kFinishWarps = 8;
+constexpr std::int64_t kMaxGridZ = 65535;
+
+__device__ __forceinline__ double warp_butterfly_sum(double sum) {
+#pragma unroll
+  for (int half = kWarpSize / 2; half > 0; half /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, half);
+  return sum;  // (lane 0's is the order of combine_lane_sums)
+}
+
+// Lines [line0, line0 + 8 kLinesPerWarp) of batch entry z over the block's segment; kStaged: through shared memory.
+// A thread's loads of the matrix are issued before the barrier that waits for the vector's copy, so that the two
+// wait together.
+template <bool kStaged, int kLinesPerWarp>
+__global__ void __launch_bounds__(kThreads, kStaged || kLinesPerWarp > 2 ? 3 : 4)
+    matrix_vector_kernel(MatrixVectorArgs args, std::int64_t line_tiles, float* out, double* partial) {
+  constexpr int kTileLines = kWarps * kLinesPerWarp;
+  static_assert(!kStaged || kTileLines == kWarpSize, "a staged tile's copies: a warp per k, a lane per line");
+  constexpr int kCopyRounds = kMatVecSegmentK / (kThreads / kWarpSize);  // a staged tile's copies per thread
+  __shared__ double v_segment[kMatVecSegmentK];
+  __shared__ float staged[kStaged ? kTileLines * kStagedLineFloats : 1];
+  const std::int64_t segment = blockIdx.x / line_tiles;
+  const std::int64_t line0 = (blockIdx.x % line_tiles) * kTileLines;
+  const std::int64_t k0 = segment * kMatVecSegmentK;
+  const int count = static_cast<int>(min(static_cast<std::int64_t>(kMatVecSegmentK), args.k - k0));
+  const std::int64_t segments = matrix_vector_segments(args.k);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  for (std::int64_t z = blockIdx.z; z < args.batches; z += gridDim.z) {
+    std::int64_t x_offset, v_offset;
+    args.offsets(z, x_offset, v_offset);
+    const float* const x = args.x + x_offset + line0 * args.x_line_stride + k0 * args.x_k_stride;
+    // kStaged: element (line t % 32, k t / 32 + 8 j) of the tile, a warp's loads 32 consecutive lines of one k;
+    // otherwise: element (line 4 warp + q, k 32 round + lane), a warp's loads 32 consecutive k of one line.
+    // (Pointers stepped along k: an offset per load held two registers each.)
+    constexpr int kLoads = kStaged ? kCopyRounds : kLinesPerWarp * kMatVecTermsPerLane;
+    float loaded[kLoads];
+    if constexpr (kStaged) {
+      const bool line_in = line0 + lane < args.lines;
+      const float* p = x + lane * args.x_line_stride + warp * args.x_k_stride;
+      const std::int64_t step = kWarps * args.x_k_stride;
+#pragma unroll
+      for (int j = 0; j < kCopyRounds; ++j, p += step) loaded[j] = line_in && warp + j * kWarps < count ? *p : 0.0f;
+    } else {
+      const std::int64_t step = kWarpSize * args.x_k_stride;
+#pragma unroll
+      for (int q = 0; q < kLinesPerWarp; ++q) {
+        const int l = warp * kLinesPerWarp + q;
+        const float* p = x + l * args.x_line_stride + lane * args.x_k_stride;
+#pragma unroll
+        for (int round = 0; round < kMatVecTermsPerLane; ++round, p += step) {
+          loaded[q * kMatVecTermsPerLane + round] =
+              line0 + l < args.lines && round * kWarpSize + lane < count ? *p : 0.0f;
+        }
+      }
+    }
+    __syncthreads();  // (the previous entry's tile and vector have been read)
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      v_segment[i] = static_cast<double>(args.v[v_offset + (k0 + i) * args.v_k_stride]);
+    }
+    if constexpr (kStaged) {
+#pragma unroll
+      for (int j = 0; j < kCopyRounds; ++j) staged[lane * kStagedLineFloats + warp + j * kWarps] = loaded[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < kLinesPerWarp; ++q) {
+      const int l = warp * kLinesPerWarp + q;
+      if (line0 + l >= args.lines) break;  // (the whole warp, and its later lines too)
+      double sum = 0.0;
+#pragma unroll
+      for (int round = 0; round < kMatVecTermsPerLane; ++round) {
+        const int i = round * kWarpSize + lane;
+        const float value = kStaged ? staged[l * kStagedLineFloats + i] : loaded[q * kMatVecTermsPerLane + round];
+        if (i < count) sum += static_cast<double>(value) * v_segment[i];
+      }
+      const double segment_sum = warp_butterfly_sum(sum);
+      const std::int64_t o = z * args.lines + line0 + l;
+      if (lane == 0 && partial == nullptr) out[o] = static_cast<float>(segment_sum);
+      if (lane == 0 && partial != nullptr) partial[o * segments + segment] = segment_sum;
+    }
+  }
+}
+
+// A warp per output: its segments' sums combined in groups of 32 (lane j: the group's segment j), the groups' sums
+// added in order, rounded once.
+__global__ void __launch_bounds__(kFinishWarps * kWarpSize)
+    matrix_vector_finish_kernel(const double* partial, std::int64_t outputs, std::int64_t segments, float* out) {
+  const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kFinishWarps + threadIdx.x / kWarpSize;
+  if (o >= outputs) return;  // (the whole warp)
+  const int lane = threadIdx.x % kWarpSize;
+  const double* const sums = partial + o * segments;
+  double total = 0.0;
+  for (std::int64_t g0 = 0; g0 < segments; g0 += kWarpSize) {
+    const std::int64_t s = g0 + lane;
+    const double group_sum = warp_butterfly_sum(s < segments ? sums[s] : 0.0);
+    total = g0 == 0 ? group_sum : total + group_sum;
+  }
+  if (lane == 0) out[o] = static_cast<float>(total);
+}
+
+std::int64_t ceil_div(std::int64_t items, std::int64_t per) { return (items + per - 1) / per; }
+
+}  // namespace
+
+void matrix_vector_cuda(const MatmulPlan& plan, const at::Tensor& out) {
+  const MatrixVectorArgs args = matrix_vector_args(plan);
+  const std::int64_t segments = matrix_vector_segments(args.k);
+  const std::int64_t outputs = args.batches * args.lines;
+  TORCH_INTERNAL_ASSERT(out.is_contiguous() && out.numel() == outputs && args.k > 0, "matrix_vector_cuda: ",
+                        out.numel(), " outputs for ", outputs, ", K = ", args.k);
+  at::Tensor workspace;  // (through PyTorch's caching allocator)
+  double* partial = nullptr;
+  if (segments > 1) {
+    workspace = at::empty({outputs * segments}, out.options().dtype(at::kDouble));
+    partial = workspace.data_ptr<double>();
+  }
+  const bool direct = args.lines == 1 || (args.k > 1 && args.x_k_stride == 1);
+  const int lines_per_warp = direct ? kDirectLinesPerWarp : kStagedLinesPerWarp;
+  const std::int64_t line_tiles = ceil_div(args.lines, kWarps * lines_per_warp);
+  const std::int64_t blocks = line_tiles * segments;
+  TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: a matrix-vector product of ", args.lines, " lines of K = ",
+              args.k, " needs more blocks than a CUDA grid holds");
+  const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(std::min(args.batches, kMaxGridZ)));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  float* const out_ptr = out.data_ptr<float>();
+  if (direct) {
+    matrix_vector_kernel<false, kDirectLinesPerWarp><<<grid, kThreads, 0, stream>>>(args, line_tiles, out_ptr, partial);
+  } else {
+    matrix_vector_kernel<true, kStagedLinesPerWarp><<<grid, kThreads, 0, stream>>>(args, line_tiles, out_ptr, partial);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (partial != nullptr) {
+    const std::int64_t finish_blocks = ceil_div(outputs, kFinishWarps);
+    TORCH_CHECK(finish_blocks <= 0x7fffffff, "corrected_matmul: too many outputs (", outputs, ")");
+    matrix_vector_finish_kernel<<<static_cast<unsigned>(finish_blocks), kFinishWarps * kWarpSize, 0, stream>>>(
+        partial, outputs, segments, out_ptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace wmmae_ops
