@@ -52,6 +52,7 @@ fi
 if has bench; then
   python3 benchmarks/bench_batched_outer.py --quick --out "$OUT/results" 2>&1 | tail -25 || status=1
   python3 benchmarks/bench_corrected_matmul.py --quick --out "$OUT/results" 2>&1 | tail -25 || status=1
+  python3 benchmarks/bench_matrix_vector.py --out "$OUT/results" 2>&1 | tail -20 || status=1
 fi
 if has bench-full; then
   start=$(date +%s)
@@ -61,6 +62,7 @@ if has bench-full; then
   python3 benchmarks/bench_corrected_matmul.py --out "$OUT/results" > "$OUT/bench_corrected_matmul.log" 2>&1 \
     || status=1
   grep -E "^(1x|64x)" "$OUT/bench_corrected_matmul.log"; tail -2 "$OUT/bench_corrected_matmul.log"
+  python3 benchmarks/bench_matrix_vector.py --out "$OUT/results" > "$OUT/bench_matrix_vector.log" 2>&1 || status=1
   echo "bench-full: $(( $(date +%s) - start )) s"
 fi
 exit $status
