@@ -192,7 +192,7 @@ void corrected_matmul_2d(const SplitOperand& sa, const SplitOperand& sb, float* 
   const std::int64_t m = sa.rows, n = sb.rows, k = sa.k;
   const int chunk = accumulation_chunk(m, n), log2_k = ceil_log2(k);
   const std::int64_t tiles_m = (m + kGemmTile - 1) / kGemmTile, tiles_n = (n + kGemmTile - 1) / kGemmTile;
-  // (by output tile, each on its own: a product of few row tiles, as x @ W of one row, still takes every thread)
+  // (by output tile, each on its own: a product of few row tiles, as x @ W of a few rows, still takes every thread)
   at::parallel_for(0, tiles_m * tiles_n, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t tile = begin; tile < end; ++tile) {
       const std::int64_t ti = tile / tiles_n, tj = tile % tiles_n;
