@@ -35,7 +35,6 @@ constexpr int kDirectLinesPerWarp = 2;
 // line's 32 consecutive k) each meet every bank once.
 constexpr int kStagedLineFloats = kMatVecSegmentK + 1;
 constexpr int kFinishWarps = 8;
-constexpr std::int64_t kMaxGridZ = 65535;
 
 __device__ __forceinline__ double warp_butterfly_sum(double sum) {
 #pragma unroll
@@ -65,7 +64,8 @@ __global__ void __launch_bounds__(kThreads, kStaged || kLinesPerWarp > 2 ? 3 : 4
     args.offsets(z, x_offset, v_offset);
     const float* const x = args.x + x_offset + line0 * args.x_line_stride + k0 * args.x_k_stride;
     // kStaged: element (line t % 32, k t / 32 + 8 j) of the tile, a warp's loads 32 consecutive lines of one k;
-    // otherwise: element (line 4 warp + q, k 32 round + lane), a warp's loads 32 consecutive k of one line.
+    // otherwise: element (line kLinesPerWarp warp + q, k 32 round + lane), a warp's loads 32 consecutive k of one
+    // line.
     // (Pointers stepped along k: an offset per load held two registers each.)
     constexpr int kLoads = kStaged ? kCopyRounds : kLinesPerWarp * kMatVecTermsPerLane;
     float loaded[kLoads];
@@ -155,7 +155,7 @@ void matrix_vector_cuda(const MatmulPlan& plan, const at::Tensor& out) {
   const std::int64_t blocks = line_tiles * segments;
   TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: a matrix-vector product of ", args.lines, " lines of K = ",
               args.k, " needs more blocks than a CUDA grid holds");
-  const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(std::min(args.batches, kMaxGridZ)));
+  const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(std::min(args.batches, kMaxGridYZ)));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   float* const out_ptr = out.data_ptr<float>();
   if (direct) {
