@@ -2,9 +2,10 @@
 every method, sum their exact products in float64 in an order fixed by K alone.
 
 The reference is a model of that order written here in float64 torch arithmetic (model_matrix_vector): the CPU and
-both CUDA kernels (a warp per line where the matrix's k are contiguous, a thread per line otherwise) must give its
-bits for every layout. The accuracy reference is torch.matmul in float64, and torch.matmul in float32 (TF32 off) the
-baseline the issue's target names.
+every CUDA kernel (a warp per line and segment for fewer than 8 lines; else blocks of lines read directly where the
+matrix's k are contiguous, staged through shared memory otherwise) must give its bits for every layout. The
+accuracy reference is torch.matmul in float64, and torch.matmul in float32 (TF32 off) the baseline the issue's
+target names.
 """
 from __future__ import annotations
 
@@ -79,9 +80,10 @@ def draw(gen, shape, dist, device):
 
 
 # (M, N, K): a row times a matrix and a matrix times a column; K of one segment, a part of one, a segment and one,
-# and many; outputs of 1, 15, 17 and 1000.
+# and many (600000: 74 groups of 32 segments, more than the CUDA finish takes in one pass); outputs of 1, 15, 17 and
+# 1000.
 SHAPES = [(1, 1, 1), (1, 17, 15), (15, 1, 17), (1, 1000, 256), (1000, 1, 257), (1, 15, 4096), (17, 1, 1000),
-          (1, 1, 65536), (1, 1000, 4096), (1, 3, 8193), (40, 1, 20000)]
+          (1, 1, 65536), (1, 1000, 4096), (1, 3, 8193), (40, 1, 20000), (1, 2, 600000)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -150,6 +152,21 @@ def test_more_batch_entries_than_a_grid_dimension(device, gen):
     a = random_tensor(gen, (70000, 1, 5), "normal", device)
     b = random_tensor(gen, (70000, 5, 3), "normal", device)
     assert torch.equal(corrected_matmul(a, b).cpu(), model_matrix_vector(a, b))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_more_dot_products_than_the_grid_has_warps(gen):
+    """600000 dot products of K = 3: more than the few-lines kernel's grid of 2^16 blocks of 8 warps, whose warps loop
+    over the rest. (The CPU is the reference: it gives the model's bits, tested above, for far less memory.)"""
+    a = random_tensor(gen, (600000, 1, 3), "normal", "cpu")
+    b = random_tensor(gen, (600000, 3, 1), "normal", "cpu")
+    want = corrected_matmul(a, b)
+    assert torch.equal(want[:1000], model_matrix_vector(a[:1000], b[:1000]))
+    a_gpu, b_gpu = a.cuda(), b.cuda()
+    with poisoned_pool_where_possible("cuda", math.nan, large=True):  # (a 2.4 MB output)
+        out = corrected_matmul(a_gpu, b_gpu)
+    assert torch.equal(out.cpu(), want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -224,17 +241,22 @@ def test_switch_off_takes_the_gemms(device, gen, monkeypatch):
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_launches_only_the_matrix_vector_kernels(gen):
-    """One kernel where K is one segment, two (the segments' sums, then their total) beyond; the kernel that reads the
-    matrix directly where its k are contiguous, the one that stages it in shared memory otherwise; no GEMM,
-    pre-pass or copy."""
+    """One kernel where K is one segment, two (the segments' sums, then their total: a warp per output, or a block per
+    output for fewer than 1024 outputs of more than one group) beyond; a warp per line and segment for fewer than 8
+    lines; else the kernel that reads the matrix directly where its k are contiguous, the one that stages it in shared
+    memory otherwise; no GEMM, pre-pass or copy."""
     if not profiler_records_kernels():
         pytest.skip("torch.profiler sees no kernels here (compute-sanitizer)")
     row = random_tensor(gen, (1, 2048), "normal", "cuda")
     matrix = random_tensor(gen, (2048, 512), "normal", "cuda")
-    staged, direct = "matrix_vector_kernel<true", "matrix_vector_kernel<false"
-    cases = [(row, matrix, [staged, "finish"]), (row, matrix.t().contiguous().t(), [direct, "finish"]),
-             (row[:, :200], matrix[:200], [staged]), (matrix.t(), row.t(), [staged, "finish"]),
-             (matrix.t().contiguous(), row.t(), [direct, "finish"])]
+    long_row = random_tensor(gen, (1, 40000), "normal", "cuda")  # 157 segments: 5 groups of 32
+    staged, direct, few = "matrix_vector_kernel<true", "matrix_vector_kernel<false", "matrix_vector_few_lines"
+    finish, finish_long = "matrix_vector_finish_kernel", "matrix_vector_finish_long_kernel"
+    cases = [(row, matrix, [staged, finish]), (row, matrix.t().contiguous().t(), [direct, finish]),
+             (row[:, :200], matrix[:200], [staged]), (matrix.t(), row.t(), [staged, finish]),
+             (matrix.t().contiguous(), row.t(), [direct, finish]), (row, matrix[:, :8], [staged, finish]),
+             (row, matrix[:, :7], [few, finish]), (row[0], matrix[:, 0], [few, finish]),
+             (row[:, :200], matrix[:200, :1], [few]), (long_row, long_row.t(), [few, finish_long])]
     for a, b, expected in cases:
         names = [name for name, _ in launched_kernels(lambda: corrected_matmul(a, b))]
         assert len(names) == len(expected), names

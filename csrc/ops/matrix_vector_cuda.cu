@@ -1,14 +1,17 @@
-// The CUDA kernels of corrected_matmul's matrix-vector path (matrix_vector.hpp). A block of 8 warps takes one
-// segment of K (kMatVecSegmentK) of a tile of kTileLines lines, kLinesPerWarp per warp; lane r of a warp sums its
-// lines' k = r (mod 32), in order, then a butterfly of xor shuffles combines the lanes. The segment's vector
-// elements are staged in shared memory as doubles, since every line reads them. The lines' elements are read
-// - straight from global memory where their k are contiguous (a row-major A of N = 1, a column-major B of M = 1,
-//   as the W.t() of x @ W.t()) or the matrix is one line: a warp's loads are then consecutive k;
-// - otherwise (lines contiguous, or neither) through shared memory: the block copies the tile with loads along
-//   its lines, which are then the consecutive ones, and its warps sum it as above.
+// The CUDA kernels of corrected_matmul's matrix-vector path (matrix_vector.hpp). A warp takes one segment of K
+// (kMatVecSegmentK) of a line: lane r sums the line's k = r (mod 32), in order, then a butterfly of xor shuffles
+// combines the lanes.
+// - Few lines (fewer than kFewLines per batch entry, a dot product among them): each warp takes its own (entry,
+//   line, segment) and reads the vector from global memory, so that a long K or a batch keeps every warp busy.
+// - Otherwise a block of 8 warps takes one segment of a tile of kTileLines lines, kLinesPerWarp per warp, and stages
+//   the segment's vector elements in shared memory as doubles, since every line reads them. The lines' elements are
+//   read straight from global memory where their k are contiguous (a row-major A of N = 1, a column-major B of M =
+//   1, as the W.t() of x @ W.t()): a warp's loads are then consecutive k; otherwise (lines contiguous, or neither)
+//   through shared memory: the block copies the tile with loads along its lines, which are then the consecutive
+//   ones, and its warps sum it as above.
 // Where K has more than one segment, the segments' sums go to a float64 workspace ([output][segment]: 8 bytes per
-// KiB of the matrix) and a second kernel, a warp per output, combines them in groups of 32 and adds the groups in
-// order; otherwise the block writes the output.
+// KiB of the matrix) and a second kernel, a warp per output (a block per output where few outputs have many groups),
+// combines them in groups of 32 and adds the groups in order; otherwise the segment's warp writes the output.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
@@ -35,6 +38,13 @@ constexpr int kDirectLinesPerWarp = 2;
 // line's 32 consecutive k) each meet every bank once.
 constexpr int kStagedLineFloats = kMatVecSegmentK + 1;
 constexpr int kFinishWarps = 8;
+// Outputs of more than one group take a block each where there are fewer than this (a warp per output would leave
+// most SMs idle): matrix_vector_finish_long_kernel.
+constexpr std::int64_t kFewFinishOutputs = 1024;
+// Fewer lines than this take a warp per (entry, line, segment): a block of 16 lines would leave warps idle.
+constexpr std::int64_t kFewLines = 8;
+// The few-lines kernel's grid bound: its warps loop over the rest (more blocks than SMs can hold gain nothing).
+constexpr std::int64_t kMaxFewLinesBlocks = 1 << 16;
 
 __device__ __forceinline__ double warp_butterfly_sum(double sum) {
 #pragma unroll
@@ -116,6 +126,41 @@ __global__ void __launch_bounds__(kThreads, kStaged || kLinesPerWarp > 2 ? 3 : 4
   }
 }
 
+// A warp per (batch entry, line, segment), numbered as the workspace's [output][segment] (output z * lines + line),
+// the matrix's and the vector's elements read straight from global memory.
+__global__ void __launch_bounds__(kThreads)
+    matrix_vector_few_lines_kernel(MatrixVectorArgs args, std::int64_t segments, float* out, double* partial) {
+  const int lane = threadIdx.x % kWarpSize;
+  const std::int64_t items = args.batches * args.lines * segments;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  for (std::int64_t item = first; item < items; item += static_cast<std::int64_t>(gridDim.x) * kWarps) {
+    const std::int64_t segment = item % segments, o = item / segments;
+    const std::int64_t z = o / args.lines, line = o % args.lines;
+    const std::int64_t k0 = segment * kMatVecSegmentK;
+    const int count = static_cast<int>(min(static_cast<std::int64_t>(kMatVecSegmentK), args.k - k0));
+    std::int64_t x_offset, v_offset;
+    args.offsets(z, x_offset, v_offset);
+    const float* x = args.x + x_offset + line * args.x_line_stride + (k0 + lane) * args.x_k_stride;
+    const float* v = args.v + v_offset + (k0 + lane) * args.v_k_stride;
+    const std::int64_t x_step = kWarpSize * args.x_k_stride, v_step = kWarpSize * args.v_k_stride;
+    float xs[kMatVecTermsPerLane], vs[kMatVecTermsPerLane];
+#pragma unroll
+    for (int round = 0; round < kMatVecTermsPerLane; ++round, x += x_step, v += v_step) {
+      const bool in = round * kWarpSize + lane < count;
+      xs[round] = in ? *x : 0.0f;
+      vs[round] = in ? *v : 0.0f;
+    }
+    double sum = 0.0;
+#pragma unroll
+    for (int round = 0; round < kMatVecTermsPerLane; ++round) {
+      if (round * kWarpSize + lane < count) sum += static_cast<double>(xs[round]) * static_cast<double>(vs[round]);
+    }
+    const double segment_sum = warp_butterfly_sum(sum);
+    if (lane == 0 && partial == nullptr) out[o] = static_cast<float>(segment_sum);
+    if (lane == 0 && partial != nullptr) partial[item] = segment_sum;
+  }
+}
+
 // A warp per output: its segments' sums combined in groups of 32 (lane j: the group's segment j), the groups' sums
 // added in order, rounded once.
 __global__ void __launch_bounds__(kFinishWarps * kWarpSize)
@@ -131,6 +176,47 @@ __global__ void __launch_bounds__(kFinishWarps * kWarpSize)
     total = g0 == 0 ? group_sum : total + group_sum;
   }
   if (lane == 0) out[o] = static_cast<float>(total);
+}
+
+// The same sums for few outputs of many groups (a dot product of 2^20: one output, 128 groups), where a warp per
+// output waits for one group's loads and shuffles after another. A block per output: per pass its warps combine
+// kFinishPassGroups groups, kFinishGroupsPerWarp each with their loads in flight together, into shared memory, and
+// one thread adds them to the total in order. (H100, session 124, that dot product's finish: a warp 12.8 us, or
+// 21.7 with 8 groups' shuffles interleaved; this kernel 3.3 us, as long as the segments' sums.)
+constexpr int kFinishGroupsPerWarp = 8;
+constexpr int kFinishPassGroups = kFinishWarps * kFinishGroupsPerWarp;
+__global__ void __launch_bounds__(kFinishWarps * kWarpSize)
+    matrix_vector_finish_long_kernel(const double* partial, std::int64_t segments, float* out) {
+  __shared__ double pass_sums[kFinishPassGroups];
+  const std::int64_t o = blockIdx.x;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const double* const sums = partial + o * segments;
+  const std::int64_t groups = matrix_vector_groups(segments);
+  double total = 0.0;
+  for (std::int64_t pass0 = 0; pass0 < groups; pass0 += kFinishPassGroups) {
+    double group_sum[kFinishGroupsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kFinishGroupsPerWarp; ++u) {
+      const std::int64_t s = (pass0 + warp * kFinishGroupsPerWarp + u) * kWarpSize + lane;
+      group_sum[u] = s < segments ? sums[s] : 0.0;  // (a missing group's sum is +0, and unused)
+    }
+#pragma unroll
+    for (int half = kWarpSize / 2; half > 0; half /= 2) {  // warp_butterfly_sum's steps, the groups interleaved
+#pragma unroll
+      for (int u = 0; u < kFinishGroupsPerWarp; ++u) group_sum[u] += __shfl_xor_sync(0xffffffffu, group_sum[u], half);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int u = 0; u < kFinishGroupsPerWarp; ++u) pass_sums[warp * kFinishGroupsPerWarp + u] = group_sum[u];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int pass_groups = static_cast<int>(min(static_cast<std::int64_t>(kFinishPassGroups), groups - pass0));
+      for (int i = 0; i < pass_groups; ++i) total = pass0 + i == 0 ? pass_sums[i] : total + pass_sums[i];
+    }
+    __syncthreads();  // (pass_sums read before the next pass writes it)
+  }
+  if (threadIdx.x == 0) out[o] = static_cast<float>(total);
 }
 
 std::int64_t ceil_div(std::int64_t items, std::int64_t per) { return (items + per - 1) / per; }
@@ -149,26 +235,39 @@ void matrix_vector_cuda(const MatmulPlan& plan, const at::Tensor& out) {
     workspace = at::empty({outputs * segments}, out.options().dtype(at::kDouble));
     partial = workspace.data_ptr<double>();
   }
-  const bool direct = args.lines == 1 || (args.k > 1 && args.x_k_stride == 1);
-  const int lines_per_warp = direct ? kDirectLinesPerWarp : kStagedLinesPerWarp;
-  const std::int64_t line_tiles = ceil_div(args.lines, kWarps * lines_per_warp);
-  const std::int64_t blocks = line_tiles * segments;
-  TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: a matrix-vector product of ", args.lines, " lines of K = ",
-              args.k, " needs more blocks than a CUDA grid holds");
-  const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(std::min(args.batches, kMaxGridYZ)));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   float* const out_ptr = out.data_ptr<float>();
-  if (direct) {
-    matrix_vector_kernel<false, kDirectLinesPerWarp><<<grid, kThreads, 0, stream>>>(args, line_tiles, out_ptr, partial);
+  if (args.lines < kFewLines) {
+    const std::int64_t blocks = std::min(ceil_div(outputs * segments, kWarps), kMaxFewLinesBlocks);
+    matrix_vector_few_lines_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, segments, out_ptr,
+                                                                                           partial);
   } else {
-    matrix_vector_kernel<true, kStagedLinesPerWarp><<<grid, kThreads, 0, stream>>>(args, line_tiles, out_ptr, partial);
+    const bool direct = args.k > 1 && args.x_k_stride == 1;
+    const int lines_per_warp = direct ? kDirectLinesPerWarp : kStagedLinesPerWarp;
+    const std::int64_t line_tiles = ceil_div(args.lines, kWarps * lines_per_warp);
+    const std::int64_t blocks = line_tiles * segments;
+    TORCH_CHECK(blocks <= 0x7fffffff, "corrected_matmul: a matrix-vector product of ", args.lines, " lines of K = ",
+                args.k, " needs more blocks than a CUDA grid holds");
+    const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(std::min(args.batches, kMaxGridYZ)));
+    if (direct) {
+      matrix_vector_kernel<false, kDirectLinesPerWarp>
+          <<<grid, kThreads, 0, stream>>>(args, line_tiles, out_ptr, partial);
+    } else {
+      matrix_vector_kernel<true, kStagedLinesPerWarp>
+          <<<grid, kThreads, 0, stream>>>(args, line_tiles, out_ptr, partial);
+    }
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (partial != nullptr) {
-    const std::int64_t finish_blocks = ceil_div(outputs, kFinishWarps);
-    TORCH_CHECK(finish_blocks <= 0x7fffffff, "corrected_matmul: too many outputs (", outputs, ")");
-    matrix_vector_finish_kernel<<<static_cast<unsigned>(finish_blocks), kFinishWarps * kWarpSize, 0, stream>>>(
-        partial, outputs, segments, out_ptr);
+    if (outputs < kFewFinishOutputs && segments > kWarpSize) {
+      matrix_vector_finish_long_kernel<<<static_cast<unsigned>(outputs), kFinishWarps * kWarpSize, 0, stream>>>(
+          partial, segments, out_ptr);
+    } else {
+      const std::int64_t finish_blocks = ceil_div(outputs, kFinishWarps);
+      TORCH_CHECK(finish_blocks <= 0x7fffffff, "corrected_matmul: too many outputs (", outputs, ")");
+      matrix_vector_finish_kernel<<<static_cast<unsigned>(finish_blocks), kFinishWarps * kWarpSize, 0, stream>>>(
+          partial, outputs, segments, out_ptr);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
