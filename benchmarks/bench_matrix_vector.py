@@ -1,10 +1,12 @@
-"""corrected_matmul's matrix-vector path (M = 1 or N = 1: float64 sums on the CUDA cores) against torch.matmul in
-float32 (TF32 off) and against the same calls on the GEMMs (TORCH_WMMAE_MATRIX_VECTOR=0), in the same run.
+"""corrected_matmul's matrix-vector path (M = 1 or N = 1, or tiny products of at most 8 x 8 outputs: float64 sums on
+the CUDA cores) against torch.matmul in float32 (TF32 off) and against the same calls on the GEMMs
+(TORCH_WMMAE_MATRIX_VECTOR=0), in the same run.
 
 Writes benchmarks/results/matrix_vector.{json,md}: per shape and layout, the GPU time per call (CUDA events, the
 three calls interleaved, median of the repetitions, inputs rotated through more than the L2; `auto` for the
-GEMMs), the matrix's read rate, and per input distribution (U(0, 1), U(-1, 1), N(0, 1)) the relative Frobenius
-errors against a float64 product. Every method takes the path, so `auto` stands for all three.
+GEMMs), the matrix's read rate (both operands' for a tiny product), and per input distribution (U(0, 1), U(-1, 1),
+N(0, 1)) the relative Frobenius errors against a float64 product. Every method takes the path, so `auto` stands for
+all three.
     python benchmarks/bench_matrix_vector.py [--out DIR]
 """
 from __future__ import annotations
@@ -40,6 +42,9 @@ CASES = [
     ("7 x 1 x 65536", 7, 1, 65536, 1, "A row-major"),
     ("8 x 1 x 65536", 8, 1, 65536, 1, "A row-major"),
     ("4096 x (1 x 1 x 1024)", 1, 1, 1024, 4096, "A row-major"),
+    ("4 x 4 x 65536", 4, 4, 65536, 1, "B row-major"),
+    ("8 x 8 x 4096", 8, 8, 4096, 1, "B column-major"),
+    ("64 x (8 x 8 x 512)", 8, 8, 512, 64, "B row-major"),
     ("64 x (1 x 512 x 512)", 1, 512, 512, 64, "B row-major"),
     ("64 x (512 x 1 x 512)", 512, 1, 512, 64, "A row-major"),
 ]
@@ -86,7 +91,8 @@ def main() -> None:
             row[f"gemm_err_{dist}"] = rel_err(ours(a, b, False), ref)
             row[f"fp32_err_{dist}"] = rel_err(torch.matmul(a, b), ref)
             del a, b, ref
-        matrix_bytes = 4 * batch * (n if m == 1 else m) * k
+        # the matrix: B where M = 1, A where N = 1; both operands of a tiny product
+        matrix_bytes = 4 * batch * k * (n if m == 1 else m if n == 1 else m + n)
         sets = inputs_for_rotation(4 * batch * (m * k + k * n + m * n), l2)
         inputs = [operands(m, n, k, batch, layout, "uniform", gen) for _ in range(sets)]
         turn = {"fp32": 0, "ours": 0, "gemm": 0}

@@ -158,7 +158,8 @@ def test_products_of_short_operands(device, gen, method):
     assert torch.equal(torch.matmul(a, b).double(), want)  # (float32 holds it: |sum| < 64 * 64 * 1000 < 2^24)
     with deterministic():  # (one rounding per output: no split of K, whose parts would each round)
         out = corrected_matmul(a, b, method=method).double()
-        ones = corrected_matmul(torch.ones(3, 1000, device=device), torch.ones(1000, 2, device=device),
+        # (16 x 16: more outputs than a tiny product, which sums in float64, has)
+        ones = corrected_matmul(torch.ones(16, 1000, device=device), torch.ones(1000, 16, device=device),
                                 method=method)
     if method == "tf32":
         assert torch.equal(out, want)
@@ -225,7 +226,7 @@ def test_fp16_scheme_on_the_cpu_is_the_documented_arithmetic(gen, dist):
     """The CPU implementation, the reference of the CUDA kernels, computes exactly the arithmetic that the
     README documents (_fp16_scheme_reference), bit for bit: over two chunks of K, the last one ending in a
     partial 16 k."""
-    a = random_tensor(gen, (5, 1100), dist)
+    a = random_tensor(gen, (9, 1100), dist)  # (more rows than a tiny product, which sums in float64, has)
     b = random_tensor(gen, (1100, 3), dist)
     assert torch.equal(corrected_matmul(a, b, method="fp16"), _fp16_scheme_reference(a, b, chunk=1024))
 

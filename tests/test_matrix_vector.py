@@ -1,5 +1,5 @@
-"""corrected_matmul's matrix-vector path (csrc/ops/matrix_vector.hpp): calls with M = 1 or N = 1 per batch entry,
-every method, sum their exact products in float64 in an order fixed by K alone.
+"""corrected_matmul's matrix-vector path (csrc/ops/matrix_vector.hpp): calls with M = 1 or N = 1 per batch entry, and
+tiny products (M and N at most 8), every method, sum their exact products in float64 in an order fixed by K alone.
 
 The reference is a model of that order written here in float64 torch arithmetic (model_matrix_vector): the CPU and
 every CUDA kernel (a warp per line and segment for fewer than 8 lines; else blocks of lines read directly where the
@@ -81,9 +81,10 @@ def draw(gen, shape, dist, device):
 
 # (M, N, K): a row times a matrix and a matrix times a column; K of one segment, a part of one, a segment and one,
 # and many (600000: 74 groups of 32 segments, more than the CUDA finish takes in one pass); outputs of 1, 15, 17 and
-# 1000.
+# 1000; tiny products up to 8 x 8.
 SHAPES = [(1, 1, 1), (1, 17, 15), (15, 1, 17), (1, 1000, 256), (1000, 1, 257), (1, 15, 4096), (17, 1, 1000),
-          (1, 1, 65536), (1, 1000, 4096), (1, 3, 8193), (40, 1, 20000), (1, 2, 600000)]
+          (1, 1, 65536), (1, 1000, 4096), (1, 3, 8193), (40, 1, 20000), (1, 2, 600000), (2, 2, 1), (3, 5, 17),
+          (8, 8, 1000), (4, 4, 65536), (7, 2, 8193)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -119,6 +120,10 @@ def _layouts(gen, device):
     yield "batched A @ batched column (permuted)", big.transpose(1, 2)[:, :90, :513], big[:, :513, 3:4]
     yield "broadcast vector", big[:, :77, :600], col[:600].squeeze(-1)
     yield "one row broadcast over a batch of B", row[:, :600].expand(3, 1, 600), big[:, :600, :40]
+    yield "tiny, A column-major", big[0, :300, :4].t(), big[1, :300, 7:12]
+    yield "tiny, B column-major at an offset", big[2, 3:9, 5:505], big[0, 1:7, 100:600].t()
+    yield "tiny, batched, strided", big[:, 1:16:2, 4:604], big[:, :600, 30:38]
+    yield "tiny, A broadcast over a batch of B", big[0, :5, :600], big[:, :600, :6]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -172,8 +177,8 @@ def test_cuda_more_dot_products_than_the_grid_has_warps(gen):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dist", ["uniform", "normal", "positive"])
-@pytest.mark.parametrize("shape", [(1, 1000, 16), (1, 1000, 1000), (1000, 1, 4096), (1, 4096, 4096), (1, 200, 65536)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 1000, 16), (1, 1000, 1000), (1000, 1, 4096), (1, 4096, 4096), (1, 200, 65536),
+                                   (4, 4, 65536), (8, 8, 4096)], ids=lambda s: "x".join(map(str, s)))
 def test_as_accurate_as_fp32(device, gen, method, shape, dist):
     """The issue's target, without slack: no worse than torch.matmul in float32 (TF32 off). The result is float32's
     correctly rounded value except where a float64 sum's error (2^-53 per term) crosses a rounding boundary of
@@ -238,6 +243,17 @@ def test_switch_off_takes_the_gemms(device, gen, monkeypatch):
         corrected_matmul(a, b)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tiny_means_at_most_8_by_8(device, gen):
+    """Products of at most 8 x 8 outputs per batch entry take the path; one more row or column, the GEMMs (float32
+    accuracy, other bits: 72 outputs of K = 4096 U(0, 1) all rounded the same way is out of reach)."""
+    for m, n in [(8, 8), (9, 8), (8, 9)]:
+        a, b = random_tensor(gen, (m, 4096), "positive", device), random_tensor(gen, (4096, n), "positive", device)
+        out, want = corrected_matmul(a, b), model_matrix_vector(a, b)
+        assert torch.equal(out.cpu(), want) == (m <= 8 and n <= 8), (m, n)
+        assert rel_err(out, torch.matmul(a.double(), b.double())) < 1e-6
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_launches_only_the_matrix_vector_kernels(gen):
@@ -256,7 +272,8 @@ def test_cuda_launches_only_the_matrix_vector_kernels(gen):
              (row[:, :200], matrix[:200], [staged]), (matrix.t(), row.t(), [staged, finish]),
              (matrix.t().contiguous(), row.t(), [direct, finish]), (row, matrix[:, :8], [staged, finish]),
              (row, matrix[:, :7], [few, finish]), (row[0], matrix[:, 0], [few, finish]),
-             (row[:, :200], matrix[:200, :1], [few]), (long_row, long_row.t(), [few, finish_long])]
+             (row[:, :200], matrix[:200, :1], [few]), (long_row, long_row.t(), [few, finish_long]),
+             (matrix.t()[:4], matrix[:, 100:104], [few, finish]), (matrix.t()[:8], matrix[:, 8:16], [staged, finish])]
     for a, b, expected in cases:
         names = [name for name, _ in launched_kernels(lambda: corrected_matmul(a, b))]
         assert len(names) == len(expected), names

@@ -11,7 +11,7 @@
 namespace wmmae_ops {
 
 bool matrix_vector_applies(const MatmulPlan& plan) {
-  if (plan.m != 1 && plan.n != 1) return false;
+  if (plan.m != 1 && plan.n != 1 && (plan.m > kTinyOutputSide || plan.n > kTinyOutputSide)) return false;
   return env_switch("TORCH_WMMAE_MATRIX_VECTOR") != Switch::kOff;
 }
 
@@ -19,7 +19,9 @@ MatrixVectorArgs matrix_vector_args(const MatmulPlan& plan) {
   const at::Tensor& a = plan.a;  // [*batch, M, K]
   const at::Tensor& b = plan.b;  // [*batch, K, N]
   MatrixVectorArgs args{};
-  args.x_is_a = plan.m != 1;
+  args.x_is_a = plan.n == 1 && plan.m != 1;
+  args.rows = 1;
+  args.v_row_stride = 0;
   if (args.x_is_a) {  // N = 1: A's rows times B's column
     args.x = a.data_ptr<float>();
     args.x_line_stride = a.stride(-2);
@@ -27,17 +29,19 @@ MatrixVectorArgs matrix_vector_args(const MatmulPlan& plan) {
     args.v = b.data_ptr<float>();
     args.v_k_stride = b.stride(-2);
     args.lines = plan.m;
-  } else {  // M = 1: A's row times B's columns
+  } else {  // M = 1, or a tiny product: each of A's rows times B's columns
     args.x = b.data_ptr<float>();
     args.x_line_stride = b.stride(-1);
     args.x_k_stride = b.stride(-2);
     args.v = a.data_ptr<float>();
     args.v_k_stride = a.stride(-1);
     args.lines = plan.n;
+    args.rows = plan.m;
+    args.v_row_stride = a.stride(-2);
   }
   args.batch = plan.batch_strides;
   args.k = plan.k;
-  args.batches = plan.batch;
+  args.batches = plan.batch * args.rows;
   return args;
 }
 

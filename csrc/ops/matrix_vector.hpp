@@ -2,9 +2,12 @@
 // N = 1, after fold_batch_into_rows), for every method. Such a call reads each element of its matrix once for two
 // flops, so it is memory-bound and tensor cores gain it nothing; and the split GEMMs, which sum K in float32 chunks,
 // were less accurate than torch.matmul's blocked float32 sums on same-signed inputs (U(0, 1): 1.4-1.8x its error at
-// 1 x 1000 x 4096..65536, H100, session 122). Here each product of two float32 values is exact in float64 and the
-// products are summed in float64, so the result is float32's correctly rounded sum but for a relative 2^-53 per
-// term: for every finite input, whatever its exponent range, with NaN and Inf propagating as in any float sum.
+// 1 x 1000 x 4096..65536, H100, session 122). So are tiny products (M and N at most kTinyOutputSide, 4 x 4 x 65536
+// U(0, 1): `fp16` 1.1x torch fp32's error, session 122), whose tensor-core tiles are almost all padding: they run
+// here as M matrix-vector products, B's columns by each of A's rows. Here each product of two float32 values is
+// exact in float64 and the products are summed in float64, so the result is float32's correctly rounded sum but for
+// a relative 2^-53 per term: for every finite input, whatever its exponent range, with NaN and Inf propagating as in
+// any float sum.
 //
 // The order of the float64 sums is fixed by K alone, so that the CUDA kernels of every layout and the CPU give the
 // same bits (tests/test_matrix_vector.py models it in Python):
@@ -71,22 +74,29 @@ struct MatrixVectorArgs {
   std::int64_t v_k_stride;
   BatchStrides batch;  // a's strides are x's where x_is_a, else b's
   bool x_is_a;
-  std::int64_t lines, k, batches;
+  // rows > 1 (a tiny product): entry z is row z % rows of the plan's batch entry z / rows, its vector A's row, at
+  // v_row_stride from the row before.
+  std::int64_t rows, v_row_stride;
+  std::int64_t lines, k, batches;  // batches: the plan's batch x rows
 
   WMMAE_HD void offsets(std::int64_t z, std::int64_t& x_offset, std::int64_t& v_offset) const {
     std::int64_t a_offset, b_offset;
-    batch_offsets(batch, z, a_offset, b_offset);
+    batch_offsets(batch, z / rows, a_offset, b_offset);
     x_offset = x_is_a ? a_offset : b_offset;
-    v_offset = x_is_a ? b_offset : a_offset;
+    v_offset = (x_is_a ? b_offset : a_offset) + z % rows * v_row_stride;
   }
 };
 
-// Whether the planned call (batch folded as the op folds it) takes this path: M = 1 or N = 1, unless
+// Tiny products: M and N at most this.
+constexpr std::int64_t kTinyOutputSide = 8;
+
+// Whether the planned call (batch folded as the op folds it) takes this path: M = 1 or N = 1, or a tiny product, unless
 // TORCH_WMMAE_MATRIX_VECTOR=0 (read on every call: tests and benchmarks compare with the GEMMs), which sends such
 // calls to the GEMMs of their method.
 bool matrix_vector_applies(const MatmulPlan& plan);
 
-// The plan's operands as MatrixVectorArgs: the matrix is b (its columns as lines) where M = 1, else a (its rows).
+// The plan's operands as MatrixVectorArgs: the matrix is a (its rows as lines) where N = 1, else b (its columns), by
+// each of A's rows in turn.
 MatrixVectorArgs matrix_vector_args(const MatmulPlan& plan);
 
 // The products into `out` ([batch, lines] contiguous floats, every element written): on the CPU

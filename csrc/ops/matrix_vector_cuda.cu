@@ -46,10 +46,21 @@ constexpr std::int64_t kFewLines = 8;
 // The few-lines kernel's grid bound: its warps loop over the rest (more blocks than SMs can hold gain nothing).
 constexpr std::int64_t kMaxFewLinesBlocks = 1 << 16;
 
-__device__ __forceinline__ double warp_butterfly_sum(double sum) {
+// Each of the warp's n sets of 32 lane sums, combined; lane 0's in the order of combine_lane_sums. The n butterflies
+// interleave, so that their shuffles are in flight together.
+template <int n>
+__device__ __forceinline__ void warp_butterfly_sums(double (&sums)[n]) {
 #pragma unroll
-  for (int half = kWarpSize / 2; half > 0; half /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, half);
-  return sum;  // (lane 0's is the order of combine_lane_sums)
+  for (int half = kWarpSize / 2; half > 0; half /= 2) {
+#pragma unroll
+    for (int u = 0; u < n; ++u) sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], half);
+  }
+}
+
+__device__ __forceinline__ double warp_butterfly_sum(double sum) {
+  double sums[1] = {sum};
+  warp_butterfly_sums(sums);
+  return sums[0];
 }
 
 // Lines [line0, line0 + 8 kLinesPerWarp) of batch entry z over the block's segment; kStaged: through shared memory.
@@ -200,11 +211,7 @@ __global__ void __launch_bounds__(kFinishWarps * kWarpSize)
       const std::int64_t s = (pass0 + warp * kFinishGroupsPerWarp + u) * kWarpSize + lane;
       group_sum[u] = s < segments ? sums[s] : 0.0;  // (a missing group's sum is +0, and unused)
     }
-#pragma unroll
-    for (int half = kWarpSize / 2; half > 0; half /= 2) {  // warp_butterfly_sum's steps, the groups interleaved
-#pragma unroll
-      for (int u = 0; u < kFinishGroupsPerWarp; ++u) group_sum[u] += __shfl_xor_sync(0xffffffffu, group_sum[u], half);
-    }
+    warp_butterfly_sums(group_sum);
     if (lane == 0) {
 #pragma unroll
       for (int u = 0; u < kFinishGroupsPerWarp; ++u) pass_sums[warp * kFinishGroupsPerWarp + u] = group_sum[u];
@@ -259,7 +266,7 @@ void matrix_vector_cuda(const MatmulPlan& plan, const at::Tensor& out) {
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (partial != nullptr) {
-    if (outputs < kFewFinishOutputs && segments > kWarpSize) {
+    if (outputs < kFewFinishOutputs && matrix_vector_groups(segments) > 1) {
       matrix_vector_finish_long_kernel<<<static_cast<unsigned>(outputs), kFinishWarps * kWarpSize, 0, stream>>>(
           partial, segments, out_ptr);
     } else {
