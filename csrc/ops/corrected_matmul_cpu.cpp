@@ -15,7 +15,8 @@
 // the split keeps (tf32_spans_fit) is checked by quadrants (kFallbackQuadrant x kFallbackQuadrant outputs): a
 // quadrant with an output at risk (split_output_at_risk) is computed again with float32 fused multiply-adds,
 // chunked the same way.
-// Matrix-vector products (M = 1 or N = 1) take no split: matrix_vector.hpp says how they are summed.
+// Matrix-vector products (M = 1 or N = 1) and tiny products (M and N at most 8) take no split: matrix_vector.hpp says
+// how they are summed.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>

@@ -1,7 +1,8 @@
 // corrected_matmul on CUDA: fp32 GEMM on tensor cores with Ootomo & Yokota's error correction.
 //
-// Matrix-vector products (M or N = 1 per batch entry, every method) take none of what follows: they are
-// memory-bound, and matrix_vector_cuda.cu sums their exact products in float64 (matrix_vector.hpp).
+// Matrix-vector products (M or N = 1 per batch entry, every method) and tiny products (M and N at most 8) take none
+// of what follows: they are memory-bound or almost all padding, and matrix_vector_cuda.cu sums their exact products
+// in float64 (matrix_vector.hpp).
 // 0. Small products (fp16 and auto, K <= 128, and each batch entry's output at most 64x64, or the call's at most
 //    256^2 elements, or, where TMA could not read an operand in place, at most 2^20 where the tile GEMMs would
 //    stay slow on a copy of it, and beyond that with M or N at most 32 or an odd N with K <= 64 (N <= 64 where the
@@ -887,7 +888,7 @@ at::Tensor corrected_matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
   TORCH_CHECK(props.major >= 8, "corrected_matmul: the CUDA kernels need compute capability 8.0 or newer");
   // One matrix product where b is broadcast over a's packed batch.
   fold_batch_into_rows(plan, props.multiProcessorCount, props.l2CacheSize);
-  if (matrix_vector_applies(plan)) {  // (M or N = 1: float64 sums on the CUDA cores, every method)
+  if (matrix_vector_applies(plan)) {  // (M or N = 1, or tiny: float64 sums on the CUDA cores, every method)
     matrix_vector_cuda(plan, out);
     return out;
   }

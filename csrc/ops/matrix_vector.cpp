@@ -11,7 +11,8 @@
 namespace wmmae_ops {
 
 bool matrix_vector_applies(const MatmulPlan& plan) {
-  if (plan.m != 1 && plan.n != 1 && (plan.m > kTinyOutputSide || plan.n > kTinyOutputSide)) return false;
+  const bool tiny = plan.m <= kTinyOutputSide && plan.n <= kTinyOutputSide;
+  if (plan.m != 1 && plan.n != 1 && !tiny) return false;
   return env_switch("TORCH_WMMAE_MATRIX_VECTOR") != Switch::kOff;
 }
 
