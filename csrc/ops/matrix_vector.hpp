@@ -80,10 +80,12 @@ struct MatrixVectorArgs {
   std::int64_t lines, k, batches;  // batches: the plan's batch x rows
 
   WMMAE_HD void offsets(std::int64_t z, std::int64_t& x_offset, std::int64_t& v_offset) const {
+    // (rows == 1 skips the 64-bit division, as batch_offsets does for a one-dimensional batch.)
+    const std::int64_t entry = rows == 1 ? z : z / rows;
     std::int64_t a_offset, b_offset;
-    batch_offsets(batch, z / rows, a_offset, b_offset);
+    batch_offsets(batch, entry, a_offset, b_offset);
     x_offset = x_is_a ? a_offset : b_offset;
-    v_offset = (x_is_a ? b_offset : a_offset) + z % rows * v_row_stride;
+    v_offset = (x_is_a ? b_offset : a_offset) + (z - entry * rows) * v_row_stride;
   }
 };
 
