@@ -17,8 +17,8 @@ import torch
 import torch_wmmae
 from torch_wmmae import corrected_matmul
 
-from conftest import (DEVICES, launched_kernels, poisoned_pool_where_possible, profiler_records_kernels, random_signs,
-                      random_tensor, rel_err, requires_cuda)
+from conftest import (DEVICES, launched_kernels, poisoned_output, poisoned_pool_where_possible,
+                      profiler_records_kernels, random_signs, random_tensor, rel_err, requires_cuda)
 
 METHODS = ["auto", "fp16", "tf32"]
 SWITCH = "TORCH_WMMAE_MATRIX_VECTOR"
@@ -81,10 +81,12 @@ def draw(gen, shape, dist, device):
 
 # (M, N, K): a row times a matrix and a matrix times a column; K of one segment, a part of one, a segment and one,
 # and many (600000: 74 groups of 32 segments, more than the CUDA finish takes in one pass); outputs of 1, 15, 17 and
-# 1000; tiny products up to 8 x 8.
+# 1000; tiny products up to 8 x 8; few lines of a K that 4, 8, 16 lanes of the CUDA few-lines kernel cover (K <= 32,
+# 64, 128).
 SHAPES = [(1, 1, 1), (1, 17, 15), (15, 1, 17), (1, 1000, 256), (1000, 1, 257), (1, 15, 4096), (17, 1, 1000),
           (1, 1, 65536), (1, 1000, 4096), (1, 3, 8193), (40, 1, 20000), (1, 2, 600000), (2, 2, 1), (3, 5, 17),
-          (8, 8, 1000), (4, 4, 65536), (7, 2, 8193)]
+          (8, 8, 1000), (4, 4, 65536), (7, 2, 8193), (1, 3, 32), (2, 7, 64), (7, 1, 33), (6, 5, 100), (1, 1, 128),
+          (8, 8, 129)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -124,6 +126,8 @@ def _layouts(gen, device):
     yield "tiny, B column-major at an offset", big[2, 3:9, 5:505], big[0, 1:7, 100:600].t()
     yield "tiny, batched, strided", big[:, 1:16:2, 4:604], big[:, :600, 30:38]
     yield "tiny, A broadcast over a batch of B", big[0, :5, :600], big[:, :600, :6]
+    yield "tiny, short K, batched, strided", big[:, 1:16:2, 4:54], big[:, :50, 30:38]
+    yield "dot products, short K, B column-major", big[:, 2:3, :100], big[:, 200:201, 5:105].transpose(1, 2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -162,15 +166,15 @@ def test_more_batch_entries_than_a_grid_dimension(device, gen):
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_more_dot_products_than_the_grid_has_warps(gen):
-    """600000 dot products of K = 3: more than the few-lines kernel's grid of 2^16 blocks of 8 warps, whose warps loop
-    over the rest. (The CPU is the reference: it gives the model's bits, tested above, for far less memory.)"""
-    a = random_tensor(gen, (600000, 1, 3), "normal", "cpu")
-    b = random_tensor(gen, (600000, 3, 1), "normal", "cpu")
+    """4.5 million dot products of K = 3: more than the few-lines kernel's grid of 2^16 blocks of 8 warps of 8 (4
+    lanes each) holds, whose warps loop over the rest. (The CPU is the reference: it gives the model's bits, tested
+    above, for far less memory.)"""
+    a = random_tensor(gen, (4_500_000, 1, 3), "normal", "cpu")
+    b = random_tensor(gen, (4_500_000, 3, 1), "normal", "cpu")
     want = corrected_matmul(a, b)
     assert torch.equal(want[:1000], model_matrix_vector(a[:1000], b[:1000]))
     a_gpu, b_gpu = a.cuda(), b.cuda()
-    with poisoned_pool_where_possible("cuda", math.nan, large=True):  # (a 2.4 MB output)
-        out = corrected_matmul(a_gpu, b_gpu)
+    out = poisoned_output(lambda: corrected_matmul(a_gpu, b_gpu), (4_500_000, 1, 1))  # (18 MB)
     assert torch.equal(out.cpu(), want)
 
 
@@ -258,9 +262,10 @@ def test_tiny_means_at_most_8_by_8(device, gen):
 @pytest.mark.gpu
 def test_cuda_launches_only_the_matrix_vector_kernels(gen):
     """One kernel where K is one segment, two (the segments' sums, then their total: a warp per output, or a block per
-    output for fewer than 1024 outputs of more than one group) beyond; a warp per line and segment for fewer than 8
-    lines; else the kernel that reads the matrix directly where its k are contiguous, the one that stages it in shared
-    memory otherwise; no GEMM, pre-pass or copy."""
+    output for fewer than 1024 outputs of more than one group) beyond; the few-lines kernel (a warp, or for a short K
+    fewer lanes, per line and segment) for fewer than 8 lines and for tiny products; else the kernel that reads the
+    matrix directly where its k are contiguous, the one that stages it in shared memory otherwise; no GEMM, pre-pass
+    or copy."""
     if not profiler_records_kernels():
         pytest.skip("torch.profiler sees no kernels here (compute-sanitizer)")
     row = random_tensor(gen, (1, 2048), "normal", "cuda")
@@ -273,7 +278,7 @@ def test_cuda_launches_only_the_matrix_vector_kernels(gen):
              (matrix.t().contiguous(), row.t(), [direct, finish]), (row, matrix[:, :8], [staged, finish]),
              (row, matrix[:, :7], [few, finish]), (row[0], matrix[:, 0], [few, finish]),
              (row[:, :200], matrix[:200, :1], [few]), (long_row, long_row.t(), [few, finish_long]),
-             (matrix.t()[:4], matrix[:, 100:104], [few, finish]), (matrix.t()[:8], matrix[:, 8:16], [staged, finish])]
+             (matrix.t()[:4], matrix[:, 100:104], [few, finish]), (matrix.t()[:8], matrix[:, 8:16], [few, finish])]
     for a, b, expected in cases:
         names = [name for name, _ in launched_kernels(lambda: corrected_matmul(a, b))]
         assert len(names) == len(expected), names

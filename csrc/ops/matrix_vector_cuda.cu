@@ -1,8 +1,9 @@
 // The CUDA kernels of corrected_matmul's matrix-vector path (matrix_vector.hpp). A warp takes one segment of K
 // (kMatVecSegmentK) of a line: lane r sums the line's k = r (mod 32), in order, then a butterfly of xor shuffles
 // combines the lanes.
-// - Few lines (fewer than kFewLines per batch entry, a dot product among them): each warp takes its own (entry,
-//   line, segment) and reads the vector from global memory, so that a long K or a batch keeps every warp busy.
+// - Few lines (fewer than kFewLines per batch entry, a dot product among them) and tiny products: each warp takes
+//   its own (entry, line, segment), or, where K is short, 4, 8 or 16 lanes do, and reads the vector from global
+//   memory, so that a long K or a batch keeps every warp busy.
 // - Otherwise a block of 8 warps takes one segment of a tile of kTileLines lines, kLinesPerWarp per warp, and stages
 //   the segment's vector elements in shared memory as doubles, since every line reads them. The lines' elements are
 //   read straight from global memory where their k are contiguous (a row-major A of N = 1, a column-major B of M =
@@ -41,25 +42,31 @@ constexpr int kFinishWarps = 8;
 // Outputs of more than one group take a block each where there are fewer than this (a warp per output would leave
 // most SMs idle): matrix_vector_finish_long_kernel.
 constexpr std::int64_t kFewFinishOutputs = 1024;
-// Fewer lines than this take a warp per (entry, line, segment): a block of 16 lines would leave warps idle.
+// Fewer lines than this take the few-lines kernel (lanes of their own per entry, line and segment): a block of 16
+// lines would leave warps idle. So do tiny products (at most 8 lines), whose tile of 32 (staged) or 16 lines (direct)
+// was mostly padding: H100, session 126, us per call, tile kernel / a warp per line (torch.matmul float32): 64 x (8 x
+// 8 x 512) 17.0 / 11.4 (12.0); 256 x (8 x 8 x 256) 22.6 / 12.8 (9.4); 128 x (2 x 8 x 1024) 17.1 / 11.7 (19.5); 8 x 8
+// x 4096 8.6 / 7.6 (13.0).
 constexpr std::int64_t kFewLines = 8;
 // The few-lines kernel's grid bound: its warps loop over the rest (more blocks than SMs can hold gain nothing).
 constexpr std::int64_t kMaxFewLinesBlocks = 1 << 16;
 
-// Each of the warp's n sets of 32 lane sums, combined; lane 0's in the order of combine_lane_sums. The n butterflies
-// interleave, so that their shuffles are in flight together.
-template <int n>
+// Each of the warp's n sets of lane sums, combined in aligned groups of 2 kFirstHalf lanes (all 32 by default), the
+// group's first lane's in the order of combine_lane_sums (a lane with the lane kFirstHalf above, then half as far,
+// ...). The n butterflies interleave, so that their shuffles are in flight together.
+template <int n, int kFirstHalf = kWarpSize / 2>
 __device__ __forceinline__ void warp_butterfly_sums(double (&sums)[n]) {
 #pragma unroll
-  for (int half = kWarpSize / 2; half > 0; half /= 2) {
+  for (int half = kFirstHalf; half > 0; half /= 2) {
 #pragma unroll
     for (int u = 0; u < n; ++u) sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], half);
   }
 }
 
+template <int kFirstHalf = kWarpSize / 2>
 __device__ __forceinline__ double warp_butterfly_sum(double sum) {
   double sums[1] = {sum};
-  warp_butterfly_sums(sums);
+  warp_butterfly_sums<1, kFirstHalf>(sums);
   return sums[0];
 }
 
@@ -137,38 +144,54 @@ __global__ void __launch_bounds__(kThreads, kStaged || kLinesPerWarp > 2 ? 3 : 4
   }
 }
 
-// A warp per (batch entry, line, segment), numbered as the workspace's [output][segment] (output z * lines + line),
-// the matrix's and the vector's elements read straight from global memory.
+// kItemLanes lanes per (batch entry, line, segment), an item, numbered as the workspace's [output][segment] (output
+// z * lines + line), the matrix's and the vector's elements read straight from global memory. Lane t of an item holds
+// the lane sums r = t + kItemLanes u (mod 32) of matrix_vector.hpp's order, reads k = t + kItemLanes j, j < 8, and
+// combines its own sums as the butterfly's first levels would, so every kItemLanes gives the same bits; fewer than
+// 32 lanes serve only a K of at most 8 kItemLanes (one segment), where a warp per item would idle most lanes.
+template <int kItemLanes>
 __global__ void __launch_bounds__(kThreads)
     matrix_vector_few_lines_kernel(MatrixVectorArgs args, std::int64_t segments, float* out, double* partial) {
-  const int lane = threadIdx.x % kWarpSize;
+  constexpr int kSumsPerLane = kWarpSize / kItemLanes, kItemsPerWarp = kWarpSize / kItemLanes;
+  constexpr bool kOneSegment = kItemLanes < kWarpSize;
+  const int t = threadIdx.x % kItemLanes, item_of_warp = threadIdx.x % kWarpSize / kItemLanes;
   const std::int64_t items = args.batches * args.lines * segments;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
-  for (std::int64_t item = first; item < items; item += static_cast<std::int64_t>(gridDim.x) * kWarps) {
-    const std::int64_t segment = item % segments, o = item / segments;
+  const std::int64_t warp_items = static_cast<std::int64_t>(gridDim.x) * kWarps * kItemsPerWarp;
+  // (A warp's lanes stay together until its last items, for the shuffles: an item past the end is masked, not left.)
+  for (std::int64_t item0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize) * kItemsPerWarp;
+       item0 < items; item0 += warp_items) {
+    const std::int64_t item = item0 + item_of_warp;
+    const bool item_in = item < items;
+    const std::int64_t segment = kOneSegment ? 0 : item % segments, o = kOneSegment ? item : item / segments;
     const std::int64_t z = o / args.lines, line = o % args.lines;
     const std::int64_t k0 = segment * kMatVecSegmentK;
-    const int count = static_cast<int>(min(static_cast<std::int64_t>(kMatVecSegmentK), args.k - k0));
-    std::int64_t x_offset, v_offset;
-    args.offsets(z, x_offset, v_offset);
-    const float* x = args.x + x_offset + line * args.x_line_stride + (k0 + lane) * args.x_k_stride;
-    const float* v = args.v + v_offset + (k0 + lane) * args.v_k_stride;
-    const std::int64_t x_step = kWarpSize * args.x_k_stride, v_step = kWarpSize * args.v_k_stride;
+    const int count = item_in ? static_cast<int>(min(static_cast<std::int64_t>(kMatVecSegmentK), args.k - k0)) : 0;
+    std::int64_t x_offset = 0, v_offset = 0;
+    if (item_in) args.offsets(z, x_offset, v_offset);
+    const float* x = args.x + x_offset + line * args.x_line_stride + (k0 + t) * args.x_k_stride;
+    const float* v = args.v + v_offset + (k0 + t) * args.v_k_stride;
+    const std::int64_t x_step = kItemLanes * args.x_k_stride, v_step = kItemLanes * args.v_k_stride;
     float xs[kMatVecTermsPerLane], vs[kMatVecTermsPerLane];
 #pragma unroll
-    for (int round = 0; round < kMatVecTermsPerLane; ++round, x += x_step, v += v_step) {
-      const bool in = round * kWarpSize + lane < count;
-      xs[round] = in ? *x : 0.0f;
-      vs[round] = in ? *v : 0.0f;
+    for (int j = 0; j < kMatVecTermsPerLane; ++j, x += x_step, v += v_step) {
+      const bool in = j * kItemLanes + t < count;
+      xs[j] = in ? *x : 0.0f;
+      vs[j] = in ? *v : 0.0f;
     }
-    double sum = 0.0;
+    // sums[u]: lane sum t + kItemLanes u, its k in order (j = u, u + kSumsPerLane, ...)
+    double sums[kSumsPerLane] = {};
 #pragma unroll
-    for (int round = 0; round < kMatVecTermsPerLane; ++round) {
-      if (round * kWarpSize + lane < count) sum += static_cast<double>(xs[round]) * static_cast<double>(vs[round]);
+    for (int j = 0; j < kMatVecTermsPerLane; ++j) {
+      if (j * kItemLanes + t < count) sums[j % kSumsPerLane] += static_cast<double>(xs[j]) * static_cast<double>(vs[j]);
     }
-    const double segment_sum = warp_butterfly_sum(sum);
-    if (lane == 0 && partial == nullptr) out[o] = static_cast<float>(segment_sum);
-    if (lane == 0 && partial != nullptr) partial[item] = segment_sum;
+#pragma unroll
+    for (int half = kSumsPerLane / 2; half > 0; half /= 2) {
+#pragma unroll
+      for (int u = 0; u < half; ++u) sums[u] += sums[u + half];
+    }
+    const double segment_sum = warp_butterfly_sum<kItemLanes / 2>(sums[0]);
+    if (item_in && t == 0 && partial == nullptr) out[o] = static_cast<float>(segment_sum);
+    if (item_in && t == 0 && partial != nullptr) partial[item] = segment_sum;
   }
 }
 
@@ -228,6 +251,32 @@ __global__ void __launch_bounds__(kFinishWarps * kWarpSize)
 
 std::int64_t ceil_div(std::int64_t items, std::int64_t per) { return (items + per - 1) / per; }
 
+template <int kItemLanes>
+void launch_few_lines_kernel_with(const MatrixVectorArgs& args, std::int64_t segments, float* out, double* partial,
+                                  cudaStream_t stream) {
+  const std::int64_t items = args.batches * args.lines * segments;
+  const std::int64_t blocks = std::min(ceil_div(items, kWarps * (kWarpSize / kItemLanes)), kMaxFewLinesBlocks);
+  matrix_vector_few_lines_kernel<kItemLanes><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      args, segments, out, partial);
+}
+
+// The fewest lanes per item whose 8 loads each cover K. H100, session 127, us per call, 32 lanes / the fewest
+// (torch.matmul float32): 1024 x (8 x 8 x 64) 34.6 / 11.7 (7.8); 8192 x (2 x 3 x 17) 26.8 / 7.3 (28.1); 512 x (4 x 4
+// x 100) 8.4 / 6.2 (9.5); 2048 x (1 x 4 x 128) 8.0 / 5.9 (6.5); where a warp per item would idle most of its lanes,
+// and each item has its own 64-bit index arithmetic.
+void launch_few_lines_kernel(const MatrixVectorArgs& args, std::int64_t segments, float* out, double* partial,
+                             cudaStream_t stream) {
+  if (args.k <= 4 * kMatVecTermsPerLane) {
+    launch_few_lines_kernel_with<4>(args, segments, out, partial, stream);
+  } else if (args.k <= 8 * kMatVecTermsPerLane) {
+    launch_few_lines_kernel_with<8>(args, segments, out, partial, stream);
+  } else if (args.k <= 16 * kMatVecTermsPerLane) {
+    launch_few_lines_kernel_with<16>(args, segments, out, partial, stream);
+  } else {
+    launch_few_lines_kernel_with<kWarpSize>(args, segments, out, partial, stream);
+  }
+}
+
 }  // namespace
 
 void matrix_vector_cuda(const MatmulPlan& plan, const at::Tensor& out) {
@@ -244,10 +293,8 @@ void matrix_vector_cuda(const MatmulPlan& plan, const at::Tensor& out) {
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   float* const out_ptr = out.data_ptr<float>();
-  if (args.lines < kFewLines) {
-    const std::int64_t blocks = std::min(ceil_div(outputs * segments, kWarps), kMaxFewLinesBlocks);
-    matrix_vector_few_lines_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, segments, out_ptr,
-                                                                                           partial);
+  if (args.lines < kFewLines || args.rows > 1) {
+    launch_few_lines_kernel(args, segments, out_ptr, partial, stream);
   } else {
     const bool direct = args.k > 1 && args.x_k_stride == 1;
     const int lines_per_warp = direct ? kDirectLinesPerWarp : kStagedLinesPerWarp;
