@@ -2,8 +2,9 @@
 tiny products (M and N at most 8), every method, sum their exact products in float64 in an order fixed by K alone.
 
 The reference is a model of that order written here in float64 torch arithmetic (model_matrix_vector): the CPU and
-every CUDA kernel (a warp per line and segment for fewer than 8 lines; else blocks of lines read directly where the
-matrix's k are contiguous, staged through shared memory otherwise) must give its bits for every layout. The
+every CUDA kernel (for fewer than 8 lines and for tiny products, a warp per line and segment, or 4, 8, 16 lanes where
+K is short; else blocks of lines read directly where the matrix's k are contiguous, staged through shared memory
+otherwise) must give its bits for every layout. The
 accuracy reference is torch.matmul in float64, and torch.matmul in float32 (TF32 off) the baseline the issue's
 target names.
 """
@@ -166,9 +167,9 @@ def test_more_batch_entries_than_a_grid_dimension(device, gen):
 @requires_cuda
 @pytest.mark.gpu
 def test_cuda_more_dot_products_than_the_grid_has_warps(gen):
-    """4.5 million dot products of K = 3: more than the few-lines kernel's grid of 2^16 blocks of 8 warps of 8 (4
-    lanes each) holds, whose warps loop over the rest. (The CPU is the reference: it gives the model's bits, tested
-    above, for far less memory.)"""
+    """4.5 million dot products of K = 3: more than the few-lines kernel's grid holds (2^16 blocks of 8 warps, a warp
+    taking 8 at 4 lanes each), whose warps loop over the rest. (The CPU is the reference: it gives the model's bits,
+    tested above, for far less memory.)"""
     a = random_tensor(gen, (4_500_000, 1, 3), "normal", "cpu")
     b = random_tensor(gen, (4_500_000, 3, 1), "normal", "cpu")
     want = corrected_matmul(a, b)
