@@ -45,9 +45,12 @@ WMMAE_HD inline std::int64_t matrix_vector_groups(std::int64_t segments) {
   return (segments + kMatVecGroupSegments - 1) / kMatVecGroupSegments;
 }
 
-// Combines 32 sums pairwise into one (the order above; the CPU's, where the GPU's warps do it with xor shuffles).
-inline double combine_lane_sums(double (&lane_sum)[kMatVecLanes]) {
-  for (int half = kMatVecLanes / 2; half > 0; half /= 2) {
+// Combines n sums pairwise into one (the order above for n = 32: the CPU's, where the GPU's warps do it with xor
+// shuffles; a CUDA thread holding n of a warp's lane sums, the butterfly's first levels for them).
+template <int n>
+WMMAE_HD inline double combine_lane_sums(double (&lane_sum)[n]) {
+  static_assert(n > 0 && (n & (n - 1)) == 0, "pairwise halves: a power of two");
+  for (int half = n / 2; half > 0; half /= 2) {
     for (int r = 0; r < half; ++r) lane_sum[r] += lane_sum[r + half];
   }
   return lane_sum[0];

@@ -184,12 +184,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kMatVecTermsPerLane; ++j) {
       if (j * kItemLanes + t < count) sums[j % kSumsPerLane] += static_cast<double>(xs[j]) * static_cast<double>(vs[j]);
     }
-#pragma unroll
-    for (int half = kSumsPerLane / 2; half > 0; half /= 2) {
-#pragma unroll
-      for (int u = 0; u < half; ++u) sums[u] += sums[u + half];
-    }
-    const double segment_sum = warp_butterfly_sum<kItemLanes / 2>(sums[0]);
+    const double segment_sum = warp_butterfly_sum<kItemLanes / 2>(combine_lane_sums(sums));
     if (item_in && t == 0 && partial == nullptr) out[o] = static_cast<float>(segment_sum);
     if (item_in && t == 0 && partial != nullptr) partial[item] = segment_sum;
   }
