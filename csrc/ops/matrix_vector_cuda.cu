@@ -249,6 +249,9 @@ std::int64_t ceil_div(std::int64_t items, std::int64_t per) { return (items + pe
 template <int kItemLanes>
 void launch_few_lines_kernel_with(const MatrixVectorArgs& args, std::int64_t segments, float* out, double* partial,
                                   cudaStream_t stream) {
+  // (The kernel's lanes read 8 k each and, below a warp per item, assume one segment: a longer K would be cut short.)
+  TORCH_INTERNAL_ASSERT(kItemLanes == kWarpSize || args.k <= kItemLanes * kMatVecTermsPerLane,
+                        "matrix_vector_cuda: ", kItemLanes, " lanes per item for K = ", args.k);
   const std::int64_t items = args.batches * args.lines * segments;
   const std::int64_t blocks = std::min(ceil_div(items, kWarps * (kWarpSize / kItemLanes)), kMaxFewLinesBlocks);
   matrix_vector_few_lines_kernel<kItemLanes><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
