@@ -4,9 +4,8 @@ tiny products (M and N at most 8), every method, sum their exact products in flo
 The reference is a model of that order written here in float64 torch arithmetic (model_matrix_vector): the CPU and
 every CUDA kernel (for fewer than 8 lines and for tiny products, a warp per line and segment, or 4, 8, 16 lanes where
 K is short; else blocks of lines read directly where the matrix's k are contiguous, staged through shared memory
-otherwise) must give its bits for every layout. The
-accuracy reference is torch.matmul in float64, and torch.matmul in float32 (TF32 off) the baseline the issue's
-target names.
+otherwise) must give its bits for every layout. The accuracy reference is torch.matmul in float64, and torch.matmul
+in float32 (TF32 off) the baseline the issue's target names.
 """
 from __future__ import annotations
 
