@@ -246,12 +246,18 @@ __global__ void __launch_bounds__(kFinishWarps * kWarpSize)
 
 std::int64_t ceil_div(std::int64_t items, std::int64_t per) { return (items + per - 1) / per; }
 
+// Whether an item's lanes cover its K: a warp per item any K, segment by segment; fewer lanes, whose kernel takes one
+// segment, a K their 8 loads each reach.
+bool item_lanes_cover(int item_lanes, std::int64_t k) {
+  return item_lanes == kWarpSize || k <= item_lanes * kMatVecTermsPerLane;
+}
+
 template <int kItemLanes>
 void launch_few_lines_kernel_with(const MatrixVectorArgs& args, std::int64_t segments, float* out, double* partial,
                                   cudaStream_t stream) {
-  // (The kernel's lanes read 8 k each and, below a warp per item, assume one segment: a longer K would be cut short.)
-  TORCH_INTERNAL_ASSERT(kItemLanes == kWarpSize || args.k <= kItemLanes * kMatVecTermsPerLane,
-                        "matrix_vector_cuda: ", kItemLanes, " lanes per item for K = ", args.k);
+  // (A K the lanes do not cover would be cut short.)
+  TORCH_INTERNAL_ASSERT(item_lanes_cover(kItemLanes, args.k), "matrix_vector_cuda: ", kItemLanes,
+                        " lanes per item for K = ", args.k);
   const std::int64_t items = args.batches * args.lines * segments;
   const std::int64_t blocks = std::min(ceil_div(items, kWarps * (kWarpSize / kItemLanes)), kMaxFewLinesBlocks);
   matrix_vector_few_lines_kernel<kItemLanes><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
@@ -264,11 +270,11 @@ void launch_few_lines_kernel_with(const MatrixVectorArgs& args, std::int64_t seg
 // and each item has its own 64-bit index arithmetic.
 void launch_few_lines_kernel(const MatrixVectorArgs& args, std::int64_t segments, float* out, double* partial,
                              cudaStream_t stream) {
-  if (args.k <= 4 * kMatVecTermsPerLane) {
+  if (item_lanes_cover(4, args.k)) {
     launch_few_lines_kernel_with<4>(args, segments, out, partial, stream);
-  } else if (args.k <= 8 * kMatVecTermsPerLane) {
+  } else if (item_lanes_cover(8, args.k)) {
     launch_few_lines_kernel_with<8>(args, segments, out, partial, stream);
-  } else if (args.k <= 16 * kMatVecTermsPerLane) {
+  } else if (item_lanes_cover(16, args.k)) {
     launch_few_lines_kernel_with<16>(args, segments, out, partial, stream);
   } else {
     launch_few_lines_kernel_with<kWarpSize>(args, segments, out, partial, stream);
