@@ -160,15 +160,16 @@ struct TileWork {
   std::int64_t z, tile;                 // batch entry, output tile (tile_origin)
   std::int64_t stage_begin, stage_end;  // k-stages [stage_begin, stage_end) of the tile
 };
-// A block whose share crosses into another tile runs one more piece: its line scales, pipeline fill and flush
-// of atomics take about 8 us, some 10 k-stages (H100, session 122: 0.83 us per stage at 128 x 8448 x 4096).
-// kStreamKCrossingStages, what the planner charges per crossing, is 12: over the benchmark sweep's stream-K
-// points (M = 128, K = 4096) it took 0.5% less time than 4 in geometric mean (8: 0.4%), 3.8% less at N = 4288,
-// 2.2% at 8512 and 1.5% more at worst (H100, session 133, two runs; NOTES.md). So the shares may be equal along
-// a line that puts `gap` empty units after each tile (plan_gemm_grid picks 0 or kStreamKCrossingStages): a
-// share that covers the gap between two tiles takes that many fewer stages, and where few shares cross (fewer
-// tiles than blocks) the slowest block runs about that many stages less than with shares of equal stages. (A
-// share that lies wholly within a gap is empty: where shares are shorter than the gap, a block may idle.)
+// A block whose share crosses into another tile runs one more piece: its line scales, pipeline fill and flush of
+// atomics take about 8 us, some 10 k-stages (H100, session 122: 0.83 us per stage at 128 x 8448 x 4096).
+// kStreamKCrossingStages, what the planner charges per crossing, is 12: over the benchmark sweep's stream-K points
+// (M = 128, K = 4096) it took 0.5% less time than 4 in geometric mean (8: 0.4%), 3.8% less at N = 4288, 2.2% at
+// 8512 and 1.5% more at worst; 10 took the same time as 12 and 16 0.3% more (H100, session 133; NOTES.md). So the
+// shares may be equal along a line that puts `gap` empty units after each tile (plan_gemm_grid picks 0 or
+// kStreamKCrossingStages): a share that covers the gap between two tiles takes that many fewer stages, and where
+// few shares cross (fewer tiles than blocks) the slowest block runs about that many stages less than with shares
+// of equal stages. (A share that lies wholly within a gap is empty: where shares are shorter than the gap, a block
+// may idle.)
 constexpr std::int64_t kStreamKCrossingStages = 12;
 WMMAE_HD inline std::int64_t stream_k_share(std::int64_t block, std::int64_t blocks, std::int64_t tiles,
                                             std::int64_t k_stages, std::int64_t gap) {
