@@ -1,7 +1,7 @@
 """The benchmark tools that need no GPU: the sweep figures that README and NOTES quote
 (benchmarks/paper/plot_seed_sweep.dips on made-up curves whose dips are known), bench_sustained's nvidia-smi
-reader, the output rotation of the interleaved timings, the paper table, the short sums' error measurement, and the
-CUDA microbenchmarks' builds."""
+reader, the output rotation of the interleaved timings, the paper table, README's figures from the committed
+corrected_matmul runs, the short sums' error measurement, and the CUDA microbenchmarks' builds."""
 from __future__ import annotations
 
 import json
@@ -153,3 +153,74 @@ def test_micro_benchmarks_compile(tmp_path, source):
                              REPO_ROOT / "benchmarks" / "micro" / source, "-ldl"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+# README's square tables: (the results file each quotes, the JSON file it was made from).
+README_SQUARE_TABLES = [
+    ("benchmarks/results/corrected_matmul.md", "benchmarks/results/corrected_matmul.json"),
+    ("benchmarks/results/h100/corrected_matmul.md", "benchmarks/results/h100/corrected_matmul.json"),
+]
+README_SWEEP_ROW = "| sweep M = 128, K = 4096, N >= 1024: never slower |"
+
+
+def _error(x):
+    """An error as README writes it: 1.1e-7."""
+    return f"{x:.1e}".replace("e-0", "e-")
+
+
+def _auto_row(rows, batch, size, dist):
+    (row,) = [r for r in rows if r["method"] == "auto" and r["batch"] == batch and r["dist"] == dist
+              and r["m"] == r["n"] == r["k"] == size]
+    return row
+
+
+def _table_after(text, marker):
+    """The cells of the first markdown table after `marker`, less its header and separator rows."""
+    lines = text[text.index(marker):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return table
+
+
+@pytest.mark.parametrize("md,json_path", README_SQUARE_TABLES, ids=["h200", "h100"])
+def test_readme_square_tables_quote_the_committed_results(md, json_path):
+    """README's tables of square and batched products, `auto`, quote the committed benchmark run they link to, cell
+    by cell as rounded there: a rerun that changes the JSON without the README (or the reverse) fails here."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    rows = json.loads((REPO_ROOT / json_path).read_text())["rows"]
+    table = _table_after(readme, f"]({md})")
+    assert [r[0] for r in table] == ["1024", "2048", "4096", "8192", "16384", "64 x 512^3"]
+    for cells in table:
+        batch, size = (64, 512) if cells[0] == "64 x 512^3" else (1, int(cells[0]))
+        uniform = _auto_row(rows, batch, size, "uniform")
+        expected = [f"{uniform['tflops']:.1f}", f"{uniform['fp32_tflops']:.1f}", f"{uniform['speedup_vs_fp32']:.2f}x",
+                    f"{uniform['call_speedup_vs_fp32']:.2f}x",
+                    _error(uniform["rel_err"]), _error(uniform["fp32_rel_err"])]
+        if batch == 1:
+            normal = _auto_row(rows, batch, size, "normal")
+            expected += [f"{normal['tflops']:.1f}", f"{normal['speedup_vs_fp32']:.2f}x"]
+        else:
+            expected += ["", ""]
+        assert cells[1:] == expected, cells[0]
+
+
+def test_readme_targets_table_quotes_the_sweeps():
+    """The targets table's row on the sweep M = 128, K = 4096 (never slower from N = 1024): each GPU's count of points,
+    its lowest speed-up and where, and its median, from the committed runs (its columns in README_SQUARE_TABLES's
+    order: H200, H100)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith(README_SWEEP_ROW)]
+    cells = [cell.strip() for cell in row.strip().strip("|").split("|")][1:]
+    for cell, (_, json_path) in zip(cells, README_SQUARE_TABLES, strict=True):
+        rows = json.loads((REPO_ROOT / json_path).read_text())["rows"]
+        sweep = [r for r in rows if r["method"] == "auto" and r["dist"] == "uniform" and r["batch"] == 1
+                 and r["m"] == 128 and r["k"] == 4096 and r["n"] >= 1024 and r["n"] % 64 == 0]
+        lowest = min(sweep, key=lambda r: r["speedup_vs_fp32"])
+        median = sorted(r["speedup_vs_fp32"] for r in sweep)[len(sweep) // 2]
+        assert all(r["speedup_vs_fp32"] >= 1 for r in sweep), json_path
+        assert cell.startswith(f"all {len(sweep)} points; lowest {lowest['speedup_vs_fp32']:.2f}x (N = {lowest['n']}), "
+                               f"median {median:.2f}x"), (cell, json_path)
