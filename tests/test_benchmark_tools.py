@@ -15,7 +15,7 @@ from conftest import NO_IMPLICIT_HALF, NVCC, REPO_ROOT, child_process_env
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "paper"))
 
-from plot_seed_sweep import SWEEP, dips, sweep_range, sweep_rows  # noqa: E402
+from plot_seed_sweep import SWEEP, dips, summary, sweep_range, sweep_rows  # noqa: E402
 
 
 def rows_of(rates):
@@ -174,6 +174,11 @@ def _auto_row(rows, batch, size, dist):
     return row
 
 
+def _cells(line):
+    """A markdown table row's cells, stripped."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
 def _table_after(text, marker):
     """The cells of the first markdown table after `marker`, less its header and separator rows."""
     lines = text[text.index(marker):].splitlines()
@@ -182,7 +187,7 @@ def _table_after(text, marker):
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
-        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        table.append(_cells(line))
     return table
 
 
@@ -214,13 +219,11 @@ def test_readme_targets_table_quotes_the_sweeps():
     order: H200, H100)."""
     readme = (REPO_ROOT / "README.md").read_text()
     (row,) = [line for line in readme.splitlines() if line.startswith(README_SWEEP_ROW)]
-    cells = [cell.strip() for cell in row.strip().strip("|").split("|")][1:]
-    for cell, (_, json_path) in zip(cells, README_SQUARE_TABLES, strict=True):
-        rows = json.loads((REPO_ROOT / json_path).read_text())["rows"]
-        sweep = [r for r in rows if r["method"] == "auto" and r["dist"] == "uniform" and r["batch"] == 1
-                 and r["m"] == 128 and r["k"] == 4096 and r["n"] >= 1024 and r["n"] % 64 == 0]
-        lowest = min(sweep, key=lambda r: r["speedup_vs_fp32"])
-        median = sorted(r["speedup_vs_fp32"] for r in sweep)[len(sweep) // 2]
-        assert all(r["speedup_vs_fp32"] >= 1 for r in sweep), json_path
-        assert cell.startswith(f"all {len(sweep)} points; lowest {lowest['speedup_vs_fp32']:.2f}x (N = {lowest['n']}), "
+    for cell, (_, json_path) in zip(_cells(row)[1:], README_SQUARE_TABLES, strict=True):
+        rows = sweep_rows(json.loads((REPO_ROOT / json_path).read_text()))
+        figures = summary(rows, min_n=1024)
+        lowest, median, _ = figures["ratio"]
+        lowest_n = min((r for r in rows if r["n"] >= 1024), key=lambda r: r["speedup_vs_fp32"])["n"]
+        assert figures["faster_share"] == 1, json_path
+        assert cell.startswith(f"all {figures['n_big']} points; lowest {lowest:.2f}x (N = {lowest_n}), "
                                f"median {median:.2f}x"), (cell, json_path)
